@@ -1,0 +1,16 @@
+"""fastloader: feed PyTorch training on huge image datasets without waiting for data.
+
+Swap one import::
+
+    from fastloader import DataLoaderX as DataLoader
+
+and batches arrive prefetched in a background thread and copied to ``cuda:local_rank`` on a
+side stream. ``BackgroundGenerator`` prefetches any iterable the same way.
+"""
+
+from fastloader.background import BackgroundGenerator
+from fastloader.loader import DataLoaderX
+
+__version__ = "0.1.0"
+
+__all__ = ["BackgroundGenerator", "DataLoaderX", "__version__"]

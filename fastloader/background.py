@@ -1,0 +1,183 @@
+"""Prefetch any iterable in a background thread.
+
+The thread / shutdown protocol (DataLoaderX builds on it, so it is written down once, here):
+
+* One producer thread pulls items from the source and puts them into a bounded ``queue.Queue``.
+  It never blocks forever: every ``put`` waits at most ``_POLL_S`` and then re-checks the stop flag,
+  so a consumer that went away cannot strand it on a full queue (the flaw of the widely copied
+  ``prefetch_generator.BackgroundGenerator``, whose daemon thread leaks blocked on ``queue.put``).
+* Whatever ends the source (exhaustion or an exception) is put into the queue after the items
+  before it, as an ``_End`` marker. The consumer re-raises an exception at exactly that position,
+  with the producer's traceback. An exception ends the iteration, as it ends a generator.
+* The producer thread holds no reference to the ``BackgroundGenerator`` object, only to the shared
+  ``_Channel``. So dropping the last reference to the generator (an early ``break``, an exception
+  in the training loop, KeyboardInterrupt) lets it be garbage-collected, and its finalizer stops the
+  thread. ``close()`` and ``with`` do the same explicitly and also wait for the thread to end.
+* Stopping: set the flag, drain the queue (frees the producer's pending ``put`` and the memory of
+  prefetched items), join. A producer inside a slow ``next(source)`` notices the flag when that call
+  returns; the thread is a daemon so it can never keep the interpreter alive.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_POLL_S = 0.05  # how often a blocked producer / consumer re-checks the other side
+_JOIN_TIMEOUT_S = 5.0  # close() waits at most this long for a producer stuck in next(source)
+
+
+@dataclass(frozen=True)
+class _End:
+    """Marks the end of the stream: ``error`` is None for plain exhaustion."""
+
+    error: BaseException | None
+
+
+class _Channel:
+    """The state shared by the producer thread and the consumer (never the consumer object itself)."""
+
+    def __init__(self, max_prefetch: int) -> None:
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=max_prefetch)
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def put(self, item: object) -> bool:
+        """Put ``item``, waiting for room; False when asked to stop first."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def shutdown(self, join_timeout: float) -> None:
+        self.stop.set()
+        self.drain()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
+        self.drain()  # the producer may have put one last item before it saw the flag
+
+
+def _produce(holder: list[Iterator[object]], channel: _Channel) -> None:
+    # The source arrives in a list that is emptied here, so that Thread's saved arguments do not
+    # keep it alive after this function lets go of it.
+    source = holder.pop()
+    end = _End(None)
+    try:
+        while not channel.stop.is_set():
+            try:
+                item = next(source)
+            except StopIteration:
+                break
+            if not channel.put(item):
+                return
+            del item  # do not keep the last item alive while waiting in next(source)
+    except BaseException as error:  # noqa: BLE001 - forwarded to the consumer, re-raised there
+        end = _End(error)
+    finally:
+        # Release the source from this thread now that it is done (a DataLoader iterator's
+        # workers shut down when their iterator is freed).
+        del source
+    channel.put(end)
+
+
+class BackgroundGenerator(Iterator[T], Generic[T]):
+    """Iterate over ``iterable`` while a background thread prefetches up to ``max_prefetch`` items.
+
+    A drop-in for the popular ``prefetch_generator.BackgroundGenerator`` that never leaks its
+    thread::
+
+        for batch in BackgroundGenerator(loader, max_prefetch=6):
+            ...
+
+        with BackgroundGenerator(records) as records:   # stops the thread on leaving the block
+            first = next(records)
+
+    Exceptions raised by the iterable are re-raised here, after the items produced before them,
+    with their original traceback.
+    """
+
+    def __init__(self, iterable: Iterable[T], max_prefetch: int = 1, *, name: str | None = None) -> None:
+        if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be an int >= 1 (the queue is bounded), got {max_prefetch!r}")
+        self.max_prefetch = max_prefetch
+        self._channel = _Channel(max_prefetch)
+        self._done = False
+        thread = threading.Thread(
+            target=_produce,
+            args=([iter(iterable)], self._channel),
+            name=name or "fastloader-prefetch",
+            daemon=True,
+        )
+        self._channel.thread = thread
+        # Stop the thread when this object is collected, or at interpreter exit at the latest.
+        self._finalizer = weakref.finalize(self, self._channel.shutdown, 0.0)
+        thread.start()
+
+    def __iter__(self) -> BackgroundGenerator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._get()
+        if not isinstance(item, _End):
+            return item  # type: ignore[return-value]
+        self._done = True
+        self.close()
+        error = item.error
+        del item
+        if error is None:
+            raise StopIteration
+        try:
+            raise error
+        finally:
+            del error  # no frame -> error -> traceback -> frame cycle
+
+    def _get(self) -> object:
+        channel = self._channel
+        while True:
+            try:
+                return channel.queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                thread = channel.thread
+                if channel.stop.is_set() or thread is None or not thread.is_alive():
+                    # Closed, or the producer is gone: take what it left, else end.
+                    try:
+                        return channel.queue.get_nowait()
+                    except queue.Empty:
+                        return _End(None)
+
+    def close(self) -> None:
+        """Stop the producer thread and drop prefetched items. Safe to call more than once."""
+        self._done = True
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            self._channel.shutdown(_JOIN_TIMEOUT_S)
+
+    def is_alive(self) -> bool:
+        """True while the producer thread runs."""
+        thread = self._channel.thread
+        return thread is not None and thread.is_alive()
+
+    def __enter__(self) -> BackgroundGenerator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

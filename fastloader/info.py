@@ -1,0 +1,109 @@
+"""What is active: the report behind ``fastloader info``.
+
+Users at this scale lose days to a silently wrong environment (plain Pillow instead of
+Pillow-SIMD, libjpeg instead of libjpeg-turbo, a CPU affinity of one core inside a container),
+so this names each piece explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pil_flavor() -> tuple[str, str]:
+    """``("Pillow-SIMD" | "Pillow", version)`` of the ``PIL`` that imports."""
+    import PIL
+
+    simd = _dist_version("Pillow-SIMD") or _dist_version("pillow-simd")
+    if simd is not None and simd == PIL.__version__.replace("-", "."):
+        return "Pillow-SIMD", PIL.__version__
+    if ".post" in PIL.__version__:  # Pillow-SIMD's own version scheme, however it was installed
+        return "Pillow-SIMD", PIL.__version__
+    return "Pillow", PIL.__version__
+
+
+def libjpeg_version() -> str:
+    from PIL import features
+
+    turbo = features.check_feature("libjpeg_turbo")
+    version = features.version_feature("libjpeg_turbo") if turbo else features.version("jpg")
+    return f"{'libjpeg-turbo' if turbo else 'libjpeg'} {version or 'unknown'}"
+
+
+def cpu_report() -> dict[str, str]:
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    report = {"cpu count": str(os.cpu_count())}
+    if affinity is not None:
+        report["cpu affinity"] = f"{len(affinity)} cores {_ranges(affinity)}"
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        report["cgroup cpu quota"] = f"{quota:g} cores"
+    return report
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ",".join(f"{first}-{last}" if first != last else str(first) for first, last in spans)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """Cores allowed by a cgroup v2 ``cpu.max`` limit (containers), or None when unlimited."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as file:
+            quota, period = file.read().split()
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return int(quota) / int(period)
+
+
+def torch_report() -> dict[str, str]:
+    import torch
+
+    report = {"torch": torch.__version__}
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        report["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s): {names})"
+    else:
+        built = torch.version.cuda
+        report["cuda"] = f"not available (torch built with CUDA {built})" if built else "not available (CPU build)"
+    torchvision = _dist_version("torchvision")
+    if torchvision is not None:
+        report["torchvision"] = torchvision
+    return report
+
+
+def collect() -> dict[str, str]:
+    """The whole report as ordered ``name -> value`` pairs."""
+    import fastloader
+
+    flavor, version = pil_flavor()
+    report = {"fastloader": fastloader.__version__, "python": platform.python_version()}
+    report.update(torch_report())
+    report["PIL"] = f"{flavor} {version}"
+    report["jpeg"] = libjpeg_version()
+    for name in ("lmdb", "numpy"):
+        report[name] = _dist_version(name) or "not installed"
+    report.update(cpu_report())
+    return report
+
+
+def format_report(report: dict[str, str]) -> str:
+    width = max(len(name) for name in report)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in report.items())

@@ -1,0 +1,179 @@
+"""DataLoaderX: torch's DataLoader, with batches prefetched in a thread and copied to the GPU on a side stream.
+
+Data flow of one epoch::
+
+    torch iterator (workers, pin-memory thread)
+        └─► producer thread (background.py): next(batch) ─► CudaCopier.send on the side stream (device.py)
+              └─► bounded queue ─► consumer: CudaCopier.receive (wait event, record_stream) ─► training loop
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from fastloader.background import BackgroundGenerator
+from fastloader.device import CudaCopier, DeviceLike, on_device, resolve_device
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoaderX(DataLoader[T_co]):
+    """A drop-in ``torch.utils.data.DataLoader`` whose batches arrive prefetched, on the device.
+
+    The positional and keyword parameters are exactly torch's, with the same defaults, and every
+    argument is stored under its own name (Lightning rebuilds loaders as ``type(loader)(**args)``;
+    accelerate reads them with ``getattr``). The extras are keyword-only:
+
+    Args:
+        local_rank: deliver batches to ``cuda:local_rank`` (DDP). Without CUDA, batches stay on the CPU.
+        device: where batches go; overrides ``local_rank``. Default: ``cuda:$LOCAL_RANK`` when CUDA is
+            present, else the CPU (then nothing is copied, only prefetched).
+        max_prefetch: batches held ready ahead of the training loop (a bounded queue).
+        non_blocking: copy asynchronously (needs ``pin_memory=True`` to overlap with compute).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[T_co],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        local_rank: int | None = None,
+        device: DeviceLike | None = None,
+        max_prefetch: int = 2,
+        non_blocking: bool = True,
+    ) -> None:
+        if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be an int >= 1, got {max_prefetch!r}")
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self.shuffle = shuffle  # torch does not keep it; Lightning and accelerate look for it
+        self.local_rank = local_rank
+        self.device = resolve_device(local_rank, device)
+        self.max_prefetch = max_prefetch
+        self.non_blocking = non_blocking
+        self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
+        self._live: weakref.ref[_PrefetchIterator] | None = None
+
+    def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
+        persistent = self.persistent_workers and self.num_workers > 0
+        if persistent:
+            # Torch hands out one shared iterator and resets it here: the previous epoch's producer
+            # thread must stop pulling from it first.
+            previous = self._live() if self._live is not None else None
+            if previous is not None:
+                previous.close()
+        with on_device(self.device):  # torch's pin-memory thread pins for the current device
+            source = super().__iter__()
+        iterator = _PrefetchIterator(source, self._get_copier(), self.max_prefetch, owns_workers=not persistent)
+        self._live = weakref.ref(iterator)
+        return iterator
+
+    def _get_copier(self) -> CudaCopier | None:
+        if self.device.type != "cuda":
+            return None
+        if self._copier is None:
+            self._copier = CudaCopier(self.device, self.non_blocking)
+        return self._copier
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward ``set_epoch`` to the sampler, the batch sampler (and its sampler) and the dataset."""
+        seen: set[int] = set()
+        batch_sampler = self.batch_sampler
+        for target in (self.sampler, batch_sampler, getattr(batch_sampler, "sampler", None), self.dataset):
+            method = getattr(target, "set_epoch", None)
+            if target is None or not callable(method) or id(target) in seen:
+                continue
+            seen.add(id(target))
+            method(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
+        state = self.__dict__.copy()
+        state["_copier"] = None
+        state["_live"] = None
+        return state
+
+
+class _PrefetchIterator(Iterator[Any]):
+    """One epoch of a DataLoaderX: torch's iterator drained by a producer thread."""
+
+    def __init__(self, source: Iterator[Any], copier: CudaCopier | None, max_prefetch: int, owns_workers: bool) -> None:
+        self._source = source
+        self._copier = copier
+        self._owns_workers = owns_workers
+        produced: Iterator[Any] = source
+        if copier is not None:
+            consumer = torch.cuda.current_stream(copier.device)
+            produced = map(functools.partial(copier.send, consumer=consumer), source)
+        self._background: BackgroundGenerator[Any] = BackgroundGenerator(
+            produced, max_prefetch, name="fastloader-dataloaderx"
+        )
+
+    def __iter__(self) -> _PrefetchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._background)
+        except BaseException:
+            # The end of the epoch, an error from a worker / collate / the copy, or Ctrl-C while
+            # waiting: stop the workers now rather than when the traceback lets go of us.
+            self.close()
+            raise
+        return item if self._copier is None else self._copier.receive(item)
+
+    def __len__(self) -> int:
+        return len(self._source)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Stop prefetching now; also stop the workers unless they are persistent."""
+        self._background.close()
+        shutdown = getattr(self._source, "_shutdown_workers", None)
+        if self._owns_workers and callable(shutdown) and not self._background.is_alive():
+            shutdown()
+
+    def __del__(self) -> None:
+        # An early ``break`` drops the iterator: stop the thread and the workers now, not whenever
+        # the producer happens to notice.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
+            pass

@@ -1,0 +1,38 @@
+"""Small helpers shared by the tests (real threads and processes, polled with a deadline)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def prefetch_threads() -> int:
+    """Live fastloader producer threads."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith("fastloader-"))
+
+
+def child_processes() -> int:
+    """Live child processes (DataLoader workers are multiprocessing children)."""
+    return len(multiprocessing.active_children())
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
