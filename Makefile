@@ -9,6 +9,7 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check fastloader tests benchmarks examples
+	.venv/bin/ruff format --check fastloader tests benchmarks examples
 	.venv/bin/mypy
 	.venv/bin/python -m pytest -q
 

@@ -76,7 +76,7 @@ def _cgroup_cpu_quota() -> float | None:
 def torch_report() -> dict[str, str]:
     import torch
 
-    report = {"torch": torch.__version__}
+    report: dict[str, str] = {"torch": str(torch.__version__)}
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         report["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s): {names})"

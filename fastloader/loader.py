@@ -133,16 +133,19 @@ class DataLoaderX(DataLoader[T_co]):
 
 
 class _PrefetchIterator(Iterator[Any]):
-    """One epoch of a DataLoaderX: torch's iterator drained by a producer thread."""
+    """One epoch of a DataLoaderX: torch's iterator drained by a producer thread.
+
+    Only the producer thread touches torch's iterator, and it also shuts its workers down when it
+    stops (end of epoch, error, close), so no two threads ever drive the iterator at once.
+    """
 
     def __init__(self, source: Iterator[Any], copier: CudaCopier | None, max_prefetch: int, owns_workers: bool) -> None:
         self._source = source
         self._copier = copier
-        self._owns_workers = owns_workers
-        produced: Iterator[Any] = source
+        produced: Iterator[Any] = _drain(source, owns_workers)
         if copier is not None:
             consumer = torch.cuda.current_stream(copier.device)
-            produced = map(functools.partial(copier.send, consumer=consumer), source)
+            produced = map(functools.partial(copier.send, consumer=consumer), produced)
         self._background: BackgroundGenerator[Any] = BackgroundGenerator(
             produced, max_prefetch, name="fastloader-dataloaderx"
         )
@@ -155,7 +158,7 @@ class _PrefetchIterator(Iterator[Any]):
             item = next(self._background)
         except BaseException:
             # The end of the epoch, an error from a worker / collate / the copy, or Ctrl-C while
-            # waiting: stop the workers now rather than when the traceback lets go of us.
+            # waiting: stop the thread (and with it the workers) now, not when the traceback lets go.
             self.close()
             raise
         return item if self._copier is None else self._copier.receive(item)
@@ -164,11 +167,8 @@ class _PrefetchIterator(Iterator[Any]):
         return len(self._source)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """Stop prefetching now; also stop the workers unless they are persistent."""
+        """Stop prefetching now; the producer stops the workers too unless they are persistent."""
         self._background.close()
-        shutdown = getattr(self._source, "_shutdown_workers", None)
-        if self._owns_workers and callable(shutdown) and not self._background.is_alive():
-            shutdown()
 
     def __del__(self) -> None:
         # An early ``break`` drops the iterator: stop the thread and the workers now, not whenever
@@ -177,3 +177,13 @@ class _PrefetchIterator(Iterator[Any]):
             self.close()
         except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
             pass
+
+
+def _drain(source: Iterator[Any], owns_workers: bool) -> Iterator[Any]:
+    """Yield from torch's iterator; on the way out (in the producer thread) shut its workers down."""
+    try:
+        yield from source
+    finally:
+        shutdown = getattr(source, "_shutdown_workers", None)
+        if owns_workers and callable(shutdown):
+            shutdown()

@@ -25,7 +25,7 @@ def map_tensors(obj: Any, fn: TensorFn) -> Any:
     if isinstance(obj, Mapping):
         items = {key: map_tensors(value, fn) for key, value in obj.items()}
         try:
-            return type(obj)(items)  # OrderedDict, defaultdict-free subclasses, BatchFeature-like
+            return type(obj)(items)  # type: ignore[call-arg]  # OrderedDict, defaultdict-free subclasses, BatchFeature-like
         except TypeError:
             return items
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
