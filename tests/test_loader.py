@@ -20,7 +20,7 @@ from torch.utils.data import (
 )
 
 from fastloader import DataLoaderX
-from tests.datasets import Counting, Epochs, Pair, RandomNoise, Sample, Squares, add_offset
+from tests.toy_datasets import Counting, Epochs, Pair, RandomNoise, Sample, Squares, add_offset
 
 
 def same(a: Any, b: Any) -> bool:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fastloader import DataLoaderX
-from tests.datasets import Failing, Pids, Slow, Squares
 from tests.helpers import child_processes, pid_alive, prefetch_threads, wait_until
+from tests.toy_datasets import Failing, Pids, Slow, Squares
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,7 +123,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {root!r})
     from fastloader import DataLoaderX
-    from tests.datasets import Slow
+    from tests.toy_datasets import Slow
     loader = DataLoaderX(Slow(delay=0.05), batch_size=2, num_workers=2)
     iterator = iter(loader)
     next(iterator)

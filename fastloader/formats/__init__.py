@@ -1,0 +1,1 @@
+"""Byte-level readers and writers of the packed formats (LMDB records, RecordIO, TFRecord, tar shards)."""
