@@ -1,4 +1,8 @@
-"""The ``fastloader`` command line: ``fastloader info`` (more subcommands join as they are built)."""
+"""The ``fastloader`` command line: ``info``, ``pack`` and ``verify``.
+
+Exit status: 0 on success, 1 when the command failed (an error, or ``verify`` found problems),
+2 for bad usage, 130 when interrupted (a pack then resumes when run again).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,42 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+_PACK_EPILOG = """\
+sources (SRC, guessed unless --src-format is given):
+  an image folder (one sub-folder per class)   train/
+  a file list ("path label" lines, or a CSV)   train.txt, train.csv (--root: base of relative paths)
+  MXNet RecordIO (.idx beside it)              train.rec
+  TFRecord files                               'train-*.tfrecord'
+  WebDataset-style tar shards                  'train-{000000..000099}.tar'
+  a fastloader LMDB (to re-encode it)          train.lmdb
+
+Resumable: killed at any moment (even SIGKILL), the same command run again continues where the
+last one stopped, with no image lost or duplicated. Bad images (unreadable, empty, undecodable)
+never stop a pack: they are skipped, counted in the summary and listed in DST.skipped.tsv.
+Check the result with `fastloader verify DST`.
+"""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _quality(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 100, got {text}")
+    return value
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -16,18 +56,109 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from fastloader.pack import pack
+
+    summary = pack(
+        args.src,
+        args.dst,
+        format=args.format,
+        resize_max_side=args.resize_max_side,
+        quality=args.quality,
+        workers=args.workers,
+        progress=not args.no_progress,
+        src_format=args.src_format,
+        root=args.root,
+        shard_size=args.shard_size,
+        commit_every=args.commit_every,
+    )
+    print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.format_text())
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from fastloader.verify import verify
+
+    report = verify(args.dst, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps({**vars(report), "ok": report.ok}, indent=2))
+    else:
+        print(report.format_text(limit=args.show))
+    return 0 if report.ok else 1
+
+
+def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from fastloader.pack import DEFAULT_QUALITY, SOURCE_KINDS
+
+    pack = commands.add_parser(
+        "pack",
+        help="pack images into an LMDB or tar shards (resumable)",
+        description="Pack the images of SRC into DST: a fastloader LMDB (default) or WebDataset tar shards.",
+        epilog=_PACK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pack.add_argument("src", metavar="SRC", help="what to read (see sources below)")
+    pack.add_argument("dst", metavar="DST", help="the output directory (created; an unfinished one is resumed)")
+    pack.add_argument("--format", choices=("lmdb", "tar"), default="lmdb", help="output format (default: lmdb)")
+    pack.add_argument(
+        "--resize-max-side",
+        type=_positive,
+        metavar="N",
+        help="shrink images whose longer side exceeds N pixels to N (never upscales) and re-encode them as "
+        "JPEG: decoding then costs less at training time",
+    )
+    pack.add_argument(
+        "--quality",
+        type=_quality,
+        metavar="Q",
+        help=f"re-encode every image as a JPEG of quality Q (1-100; default {DEFAULT_QUALITY} for resized images)",
+    )
+    pack.add_argument(
+        "--workers", type=_non_negative, metavar="N", help="reader processes (default: the usable CPU cores)"
+    )
+    pack.add_argument("--src-format", choices=("auto", *SOURCE_KINDS), default="auto", help="how to read SRC")
+    pack.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    pack.add_argument("--shard-size", type=_positive, default=10000, metavar="N", help="images per tar shard")
+    pack.add_argument(
+        "--commit-every", type=_positive, default=256, metavar="N", help="images per LMDB transaction (default 256)"
+    )
+    pack.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    pack.add_argument("--json", action="store_true", help="print the summary as JSON")
+    pack.set_defaults(run=_cmd_pack)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastloader", description="Fast data loading for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = commands.add_parser("info", help="print what is active: torch, CUDA, PIL flavour, libjpeg, CPUs")
     info.add_argument("--json", action="store_true", help="print the report as JSON")
     info.set_defaults(run=_cmd_info)
+    _add_pack(commands)
+    verify = commands.add_parser(
+        "verify",
+        help="check every record of a pack (checksums, count)",
+        description="Check every record of DST (a fastloader LMDB or pack of tar shards): structure, header, "
+        "checksum, label and count. Exits 1 naming the bad records when any check fails.",
+    )
+    verify.add_argument("dst", metavar="DST", help="the pack to check")
+    verify.add_argument("--show", type=_positive, default=20, metavar="N", help="problems to print (default 20)")
+    verify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.set_defaults(run=_cmd_verify)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        if args.command == "pack":
+            print("fastloader pack: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError) as error:  # FormatError is a ValueError
+        print(f"fastloader {args.command}: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ disk) and run again with the same arguments must end with every input exactly on
 duplicated. So:
 
 * ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
-* After ``checkpoint()`` returns, everything handed over so far is durable. A sink may also make
-  data durable earlier on its own (a tar sink when a shard is full), as long as
-  ``resume_position()`` always equals the first position that is *not* durable.
+* ``checkpoint()`` makes durable what the sink's unit of durability allows: everything handed over
+  for an LMDB sink (one transaction), whole shards only for a tar sink (a shard is renamed into
+  place when complete, so a resume may redo up to one shard of work). Whatever the unit,
+  ``resume_position()`` always equals the first position that is *not* durable: work may be
+  redone, never lost or duplicated.
 * A new sink opened on the same destination with the same ``fingerprint`` (a JSON-able dict
   describing the source and the options) reports that ``resume_position()``, and the engine
   continues from there. A different fingerprint is a clear error naming the destination, never

@@ -30,9 +30,10 @@ def sidecar_path(data_path: str | os.PathLike[str], suffix: str) -> Path:
     """Where to keep a file derived from ``data_path``: beside it when that directory is writable
     (shared by every rank and machine that sees the data), else in :func:`cache_dir`."""
     data_path = Path(data_path).resolve()
-    beside = data_path.with_name(data_path.name + suffix)
-    if beside.exists() or os.access(data_path.parent, os.W_OK):
-        return beside
+    if os.access(data_path.parent, os.W_OK):
+        return data_path.with_name(data_path.name + suffix)
+    # Read-only data (a shared or copied dataset): an index shipped beside it may be stale for this
+    # copy and could not be rebuilt there, so derived files go to the user's cache instead.
     digest = hashlib.sha1(str(data_path).encode()).hexdigest()[:16]
     return cache_dir() / f"{data_path.name}-{digest}{suffix}"
 
@@ -47,11 +48,25 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
             write(file)
             file.flush()
             os.fsync(file.fileno())
+        # mkstemp makes 0600 files; datasets and indexes are shared by users and ranks.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    # Read it rather than set-and-restore it: os.umask would change it for every thread meanwhile.
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -60,9 +75,15 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive advisory lock on ``path + '.lock'``: ranks building the same index take turns,
-    and the others then find it built."""
-    lock_path = Path(str(path) + ".lock")
+    """An exclusive advisory lock named after ``path``: processes building the same index take
+    turns, and the later ones then find it built.
+
+    Lock files live in :func:`cache_dir` (not beside the data, which would leave one per shard):
+    they coordinate the processes of one machine; across machines the atomic rename of the index
+    keeps concurrent builds correct, at worst duplicated.
+    """
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:20]
+    lock_path = cache_dir() / "locks" / f"{Path(path).name[:64]}-{digest}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

@@ -1,8 +1,30 @@
 """Datasets that feed DataLoaderX: each is a random-access ``(image, label)`` dataset over a source.
 
-See ``fastloader.datasets.base`` for the protocol a custom source implements.
+Every dataset here is an :class:`ImageDataset` over a *source* (encoded bytes, label and key of
+item i), so any of them can be swapped for another; see ``fastloader.datasets.base`` for the
+protocol a custom source implements.
 """
 
 from fastloader.datasets.base import ImageDataset, Source
+from fastloader.datasets.folder import FileListDataset, FileListSource, FolderSource, ImageFolder
+from fastloader.datasets.lmdb import LMDBDataset, LMDBSource
+from fastloader.datasets.recordio import RecordIODataset, RecordIOSource
+from fastloader.datasets.tar import TarShardDataset, TarShardSource
+from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
 
-__all__ = ["ImageDataset", "Source"]
+__all__ = [
+    "FileListDataset",
+    "FileListSource",
+    "FolderSource",
+    "ImageDataset",
+    "ImageFolder",
+    "LMDBDataset",
+    "LMDBSource",
+    "RecordIODataset",
+    "RecordIOSource",
+    "Source",
+    "TFRecordDataset",
+    "TFRecordSource",
+    "TarShardDataset",
+    "TarShardSource",
+]

@@ -63,8 +63,10 @@ def decode_pil(data: bytes, key: str = "<bytes>") -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        image = Image.open(io.BytesIO(data))
+        image: Image.Image = Image.open(io.BytesIO(data))
         image.load()
+        if image.mode == "P" and "transparency" in image.info:
+            image = image.convert("RGBA")  # the documented path for palette transparency (no warning)
         return image if image.mode == "RGB" else image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
         raise DecodeError(f"{key}: cannot decode image ({type(error).__name__}: {error})") from error
@@ -90,6 +92,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self.transform = transform
         self.target_transform = target_transform
         self.loader = loader
+        # A source may offer a richer ``target(i)`` than the int ``label(i)`` (RecordIO multi-label).
+        self._target: Callable[[int], Any] = getattr(source, "target", source.label)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -97,7 +101,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = check_index(index, len(self.source))
         image = self.loader(self.source.read(index), self.source.key(index))
-        label: Any = self.source.label(index)
+        label = self._target(index)
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

@@ -1,0 +1,334 @@
+"""Image folders and file lists: torchvision's ``ImageFolder``, without its list of 10M tuples.
+
+``ImageFolder(root)`` finds the same classes, ``class_to_idx`` and samples, in the same order, as
+``torchvision.datasets.ImageFolder(root)``, but keeps them in a persisted, memory-mapped index (see
+``fastloader.datasets.folder_index``): the tree is scanned once, in parallel, and every later run
+and every rank loads the index in milliseconds. Nothing per-sample lives in a Python object, so a
+worker touching every sample copies nothing.
+
+``FileListDataset(list_path)`` reads ``path label`` lines (or ``path,label`` rows of a ``.csv``),
+indexed and persisted the same way.
+
+Differences from torchvision, all deliberate:
+
+* ``samples`` / ``imgs`` are a lazy read-only sequence of ``(path, label)`` and ``targets`` a
+  read-only int64 numpy array; to take a subset use ``torch.utils.data.Subset``.
+* ``find_classes`` / ``make_dataset`` cannot be overridden (the scan runs in threads, once).
+* A directory symlinked to one of its ancestors (or to the root) is not followed: os.walk follows
+  it until ``ELOOP``, listing the same files dozens of times.
+* With ``loader=None`` the image is decoded from the file's bytes to RGB (``decode_pil``); a
+  ``loader`` keeps torchvision's contract ``loader(path) -> image``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import numpy as np
+
+from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.folder_index import (
+    FOLDER_KIND,
+    FORMAT_VERSION,
+    IMG_EXTENSIONS,
+    LIST_KIND,
+    LIST_SETTINGS,
+    IndexMeta,
+    default_index_path,
+    filter_settings,
+    load_or_build,
+    parse_file_list,
+    scan_folder,
+)
+from fastloader.errors import FormatError
+from fastloader.index_file import IndexFile, read_index, string_at
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class _Entries:
+    """The per-sample arrays of an index, memory-mapped (plain ndarray views: faster to index)."""
+
+    keys: np.ndarray
+    key_offsets: np.ndarray
+    labels: np.ndarray
+
+
+def _open_entries(index_path: str, kind: str, build_id: str) -> _Entries:
+    index = read_index(index_path, kind, FORMAT_VERSION)
+    if IndexMeta.of(index).build_id != build_id:
+        # A rank with rebuild=True, or a changed tree, replaced it after our dataset was made:
+        # reading it would silently shift every sample.
+        raise FormatError(f"{index_path}: the index was rebuilt after this dataset was created; create it again")
+    arrays = index.arrays
+    return _Entries(np.asarray(arrays["keys"]), np.asarray(arrays["key_offsets"]), np.asarray(arrays["labels"]))
+
+
+class _IndexedFiles:
+    """Random access to the files an index lists: the Source protocol shared by both sources.
+
+    Pickling carries the index path, not the arrays: each process maps the index itself.
+    """
+
+    root: str
+    index_path: str
+
+    def _attach(self, index: IndexFile, kind: str) -> None:
+        build_id = IndexMeta.of(index).build_id
+        self._length = len(index.arrays["key_offsets"]) - 1
+        self._entries = ProcessLocal(functools.partial(_open_entries, self.index_path, kind, build_id))
+
+    def __len__(self) -> int:
+        return self._length
+
+    def key(self, index: int) -> str:
+        """The path as indexed: relative to ``root`` (or absolute, in a file list)."""
+        index = check_index(index, self._length)
+        entries = self._entries.get()
+        return string_at(entries.keys, entries.key_offsets, index)
+
+    def path(self, index: int) -> str:
+        """The absolute path of item ``index``."""
+        return os.path.join(self.root, self.key(index))
+
+    def label(self, index: int) -> int:
+        return int(self._entries.get().labels[check_index(index, self._length)])
+
+    def labels(self) -> np.ndarray:
+        """Every label, int64, read-only and memory-mapped."""
+        return self._entries.get().labels
+
+    def read(self, index: int) -> bytes:
+        path = self.path(index)
+        try:
+            with open(path, "rb") as file:
+                return file.read()
+        except FileNotFoundError as error:
+            # Name the index too: the file was there when it was built (or the list is wrong).
+            raise FileNotFoundError(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
+
+
+class FolderSource(_IndexedFiles):
+    """The images of a class-per-directory tree ``root/<class>/**/<file>``, as torchvision finds them.
+
+    ``key(i)`` is the path relative to ``root``; labels are class positions in sorted ``classes``.
+    The index is read from ``index_path`` (default: beside ``root``, see ``folder_index``) and
+    rebuilt when the tree changed or ``rebuild=True``; ``scan_workers`` threads scan and check it.
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+        index_path: PathLike | None = None,
+        rebuild: bool = False,
+        scan_workers: int | None = None,
+    ) -> None:
+        scan_root = os.path.expanduser(os.fspath(root))
+        if not os.path.isdir(scan_root):
+            raise FileNotFoundError(errno.ENOENT, "no such image folder", scan_root)
+        settings = filter_settings(is_valid_file)
+        self.root = os.path.abspath(scan_root)
+        self.index_path = os.fspath(index_path) if index_path is not None else default_index_path(self.root)
+        scan = functools.partial(scan_folder, scan_root, is_valid_file, settings, scan_workers)
+        identity = (os.path.realpath(scan_root), settings)
+        index = load_or_build(self.index_path, FOLDER_KIND, identity, scan, rebuild, scan_workers)
+        self.classes: list[str] = list(IndexMeta.of(index).classes)
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        counts = index.arrays["class_counts"].tolist()
+        empty = sorted(name for name, count in zip(self.classes, counts) if count == 0)
+        if empty and not allow_empty:
+            message = f"Found no valid file for the classes {', '.join(empty)}. "
+            if is_valid_file is None:
+                message += f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
+            raise FileNotFoundError(f"{self.root}: {message}")
+        self._attach(index, FOLDER_KIND)
+
+
+class FileListSource(_IndexedFiles):
+    """The images a list file names: ``path label`` lines, or ``path,label`` rows of a ``*.csv``.
+
+    Relative paths are joined to ``root`` (default: the list file's directory). ``classes``, when
+    given, names the integer labels (each must be a valid position in it). Missing image files are
+    reported when read, naming the path; the list is not checked file by file at construction.
+    """
+
+    def __init__(
+        self,
+        list_path: PathLike,
+        root: PathLike | None = None,
+        *,
+        classes: Sequence[str] | None = None,
+        index_path: PathLike | None = None,
+        rebuild: bool = False,
+    ) -> None:
+        self.list_path = os.path.abspath(os.path.expanduser(os.fspath(list_path)))
+        if not os.path.isfile(self.list_path):
+            raise FileNotFoundError(errno.ENOENT, "no such file list", self.list_path)
+        base = os.path.dirname(self.list_path) if root is None else os.path.expanduser(os.fspath(root))
+        self.root = os.path.abspath(base)
+        self.index_path = os.fspath(index_path) if index_path is not None else default_index_path(self.list_path)
+        parse = functools.partial(parse_file_list, self.list_path)
+        identity = (os.path.realpath(self.list_path), LIST_SETTINGS)
+        index = load_or_build(self.index_path, LIST_KIND, identity, parse, rebuild)
+        low, high = index.arrays["label_range"].tolist()
+        self.classes: list[str] | None = None if classes is None else list(classes)
+        self.class_to_idx: dict[str, int] | None = None
+        if self.classes is not None:
+            if low < 0 or high >= len(self.classes):
+                raise ValueError(
+                    f"{self.list_path}: labels run from {low} to {high}, outside the {len(self.classes)} classes given"
+                )
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._attach(index, LIST_KIND)
+
+
+class SampleView(Sequence[tuple[str, int]]):
+    """torchvision's ``samples`` list of ``(path, label)``, computed on access instead of stored."""
+
+    def __init__(self, source: _IndexedFiles, root: str) -> None:
+        self._source = source
+        self._root = root
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, int]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = check_index(index, len(self._source))
+        return os.path.join(self._root, self._source.key(index)), self._source.label(index)
+
+    def __repr__(self) -> str:
+        return f"SampleView({len(self)} samples under {self._root!r})"
+
+
+def _load(dataset: ImageFolder | FileListDataset, index: int) -> tuple[Any, Any]:
+    """Item ``index`` through a user's ``loader(path)`` (torchvision's contract), then the transforms."""
+    path, target = dataset.samples[index]
+    image = dataset.loader(path)
+    if dataset.transform is not None:
+        image = dataset.transform(image)
+    if dataset.target_transform is not None:
+        return image, dataset.target_transform(target)
+    return image, target
+
+
+def _describe(dataset: ImageFolder | FileListDataset, where: str) -> str:
+    return f"Dataset {type(dataset).__name__}\n    Number of datapoints: {len(dataset)}\n    {where}"
+
+
+class ImageFolder(ImageDataset[Any]):
+    """A drop-in for ``torchvision.datasets.ImageFolder`` over a persisted index (see module docstring).
+
+    Extras, keyword-only: ``index_path`` (where the index lives), ``rebuild`` (rescan even if the
+    index looks current), ``scan_workers`` (threads scanning the class directories).
+    """
+
+    source: FolderSource
+
+    def __init__(
+        self,
+        root: PathLike,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        loader: Callable[[str], Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+        *,
+        index_path: PathLike | None = None,
+        rebuild: bool = False,
+        scan_workers: int | None = None,
+    ) -> None:
+        source = FolderSource(
+            root,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+            index_path=index_path,
+            rebuild=rebuild,
+            scan_workers=scan_workers,
+        )
+        super().__init__(source, transform, target_transform)
+        self.root = os.path.expanduser(root) if isinstance(root, str) else root
+        self._loads_paths = loader is not None
+        self.loader: Callable[..., Any] = loader if loader is not None else decode_pil
+        self.extensions = IMG_EXTENSIONS if is_valid_file is None else None
+        self.classes = source.classes
+        self.class_to_idx = source.class_to_idx
+        # Sample paths are spelled as torchvision spells them: the root as given, user-expanded.
+        self._sample_root = os.path.expanduser(os.fspath(root))
+
+    @property
+    def samples(self) -> SampleView:
+        return SampleView(self.source, self._sample_root)
+
+    @property
+    def imgs(self) -> SampleView:
+        return self.samples
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.source.labels()
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return _load(self, index) if self._loads_paths else super().__getitem__(index)
+
+    def __repr__(self) -> str:
+        return _describe(self, f"Root location: {self.root}")
+
+
+class FileListDataset(ImageDataset[Any]):
+    """``(image, label)`` for each entry of a list file (see :class:`FileListSource`).
+
+    ``loader``: None decodes the file's bytes to RGB; a callable is called as ``loader(path)``.
+    """
+
+    source: FileListSource
+
+    def __init__(
+        self,
+        list_path: PathLike,
+        root: PathLike | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        classes: Sequence[str] | None = None,
+        loader: Callable[[str], Any] | None = None,
+        index_path: PathLike | None = None,
+        rebuild: bool = False,
+    ) -> None:
+        source = FileListSource(list_path, root, classes=classes, index_path=index_path, rebuild=rebuild)
+        super().__init__(source, transform, target_transform)
+        self.root = source.root
+        self._loads_paths = loader is not None
+        self.loader: Callable[..., Any] = loader if loader is not None else decode_pil
+        self.classes = source.classes
+        self.class_to_idx = source.class_to_idx
+
+    @property
+    def samples(self) -> SampleView:
+        return SampleView(self.source, self.source.root)
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.source.labels()
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return _load(self, index) if self._loads_paths else super().__getitem__(index)
+
+    def __repr__(self) -> str:
+        return _describe(self, f"File list: {self.source.list_path}")

@@ -1,0 +1,379 @@
+"""The persisted index of an image folder tree or a file list: built once, memory-mapped ever after.
+
+Scanning 10M files takes minutes locally and tens of minutes on a network filesystem, and a list of
+10M ``(path, label)`` tuples costs GBs in every worker. So a scan (or a list file's parse) is turned
+into numpy arrays (keys as one UTF-8 blob plus int64 offsets, int64 labels), written once with
+:func:`~fastloader.index_file.write_index`, and from then on loaded by every run and every rank as
+an ``mmap``: no per-entry work, no per-entry Python objects.
+
+Where the index lives: ``index_path`` when given, else :func:`~fastloader.storage.sidecar_path` of
+the folder (``/data/train`` -> ``/data/train.fastloader-index``, a file *beside* the folder so the
+tree itself is never written to) or of the list file; when that directory is read-only, in
+:func:`~fastloader.storage.cache_dir` under a name keyed by the resolved absolute path.
+
+When it is rebuilt (under :func:`~fastloader.storage.file_lock`, so concurrent ranks build once and
+the others reuse the result):
+
+* it is missing, unreadable, of another format version, or built for another root or list file;
+* the settings that decide its content differ (the extensions, or the ``is_valid_file`` filter);
+* a *watched path* changed: every directory of the tree (the root, each class directory and each
+  sub-directory, with its ``mtime_ns``), or the list file. Adding, removing or renaming a file
+  changes its directory's mtime, so the directories (typically a few thousand) stand for the 10M
+  files, and checking them is a parallel ``stat`` of each;
+* it was built less than ``RACY_NS`` after a watched path last changed: filesystem timestamps are
+  coarse (a clock tick, or worse on network filesystems), so a change in the same tick as the scan
+  could leave the mtime unchanged. Such an index serves the construction that built it and is
+  rebuilt at the next load (real data is written long before training, so this is rare).
+
+Not detected: a file's content edited in place (its directory's mtime does not change); pass
+``rebuild=True`` after doing that. A custom ``is_valid_file`` is recognised by its qualified name and
+a digest of its bytecode; change what it accepts in a helper it calls and you need ``rebuild=True``
+too. Lambdas, local functions and ``functools.partial`` objects cannot be named reliably, so with
+those the tree is scanned at every construction (the index is still written, for the workers).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+import uuid
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastloader.errors import FormatError
+from fastloader.index_file import IndexFile, pack_strings, read_index, string_at, write_index
+from fastloader.storage import file_lock, sidecar_path
+
+log = logging.getLogger(__name__)
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
+INDEX_SUFFIX = ".fastloader-index"
+FOLDER_KIND, LIST_KIND = "folder", "filelist"
+FORMAT_VERSION = 1
+LIST_SETTINGS = "list-format:1"  # a file list's content depends on nothing but the file
+RACY_NS = 2_000_000_000  # timestamps closer than this to the scan are not trusted (coarse clocks)
+
+
+@dataclass(frozen=True)
+class IndexMeta:
+    """What an index was built from; stored as the index file's JSON ``meta``."""
+
+    source: str  # the real path of the folder root or list file
+    settings: str | None  # what else decides the content; None: cannot be compared, never reused
+    classes: tuple[str, ...]
+    scanned_at_ns: int  # wall clock when the scan started
+    build_id: str  # unique per build: workers check they reopened the index their parent loaded
+
+    @classmethod
+    def of(cls, index: IndexFile) -> IndexMeta:
+        try:
+            meta = dict(index.meta)
+            return cls(**{**meta, "classes": tuple(meta["classes"])})
+        except (TypeError, KeyError) as error:
+            raise FormatError(f"{index.path}: malformed index metadata ({error})") from error
+
+
+@dataclass(frozen=True)
+class ClassScan:
+    """One class directory's scan: its accepted files' keys and the directories it watched."""
+
+    keys: bytes  # UTF-8 keys (paths relative to the root), concatenated
+    key_lengths: np.ndarray  # int64, bytes per key
+    dirs: list[str]  # absolute paths of the directories walked
+    dir_mtime_ns: list[int]
+
+
+def filter_settings(is_valid_file: Callable[[str], bool] | None) -> str | None:
+    """A string naming what decides which files are accepted; None when it cannot be named reliably."""
+    if is_valid_file is None:
+        return "extensions:" + ",".join(IMG_EXTENSIONS)
+    module = getattr(is_valid_file, "__module__", None)
+    qualname = getattr(is_valid_file, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:  # a lambda or a local function
+        return None
+    code = getattr(is_valid_file, "__code__", None)
+    digest = hashlib.sha1(code.co_code).hexdigest()[:16] if code is not None else ""
+    return f"is_valid_file:{module}.{qualname}:{digest}"
+
+
+def default_index_path(data_path: str) -> str:
+    """Beside the data when its directory is writable, else in the cache directory."""
+    return os.fspath(sidecar_path(data_path, INDEX_SUFFIX))
+
+
+# --- loading, checking and building under a lock -------------------------------------------------
+
+
+def load_or_build(
+    index_path: str,
+    kind: str,
+    identity: tuple[str, str | None],
+    build: Callable[[], tuple[IndexMeta, dict[str, np.ndarray]]],
+    rebuild: bool = False,
+    stat_workers: int | None = None,
+) -> IndexFile:
+    """The index at ``index_path`` when it was built from ``identity`` (source, settings) and is
+    current; else ``build()`` it, write it and return it memory-mapped."""
+    started = time.time_ns()
+    reason: str | None = "rebuild=True"
+    if not rebuild:
+        index = _read_or_none(index_path, kind)
+        reason = _stale_reason(index, identity, stat_workers)
+        if reason is None and index is not None:
+            return index
+    with file_lock(index_path):
+        index = _read_or_none(index_path, kind)
+        if index is not None and _matches(index, identity):
+            # Another rank may have built it while we waited for the lock: a scan that started
+            # after we did is as fresh as one we would make now.
+            if IndexMeta.of(index).scanned_at_ns >= started:
+                return index
+            if not rebuild and _stale_reason(index, identity, stat_workers) is None:
+                return index
+        log.info("%s: indexing %s (%s)", index_path, identity[0], reason)
+        meta, arrays = build()
+        write_index(index_path, kind, FORMAT_VERSION, dataclasses.asdict(meta), arrays)
+        return read_index(index_path, kind, FORMAT_VERSION)
+
+
+def _read_or_none(index_path: str, kind: str) -> IndexFile | None:
+    try:
+        return read_index(index_path, kind, FORMAT_VERSION)
+    except FileNotFoundError:
+        return None
+    except FormatError as error:
+        log.info("rebuilding an unusable index: %s", error)
+        return None
+
+
+def _matches(index: IndexFile, identity: tuple[str, str | None]) -> bool:
+    try:
+        meta = IndexMeta.of(index)
+    except FormatError:
+        return False
+    return identity[1] is not None and (meta.source, meta.settings) == identity
+
+
+def _stale_reason(index: IndexFile | None, identity: tuple[str, str | None], stat_workers: int | None) -> str | None:
+    """Why ``index`` cannot be used (None: it can)."""
+    if index is None:
+        return "missing"
+    if not _matches(index, identity):
+        return "built for another source or other settings"
+    mtimes = index.arrays["watched_mtime_ns"]
+    if len(mtimes) and int(mtimes.max()) >= IndexMeta.of(index).scanned_at_ns - RACY_NS:
+        return "built within seconds of a change"
+    blob, offsets = index.arrays["watched"], index.arrays["watched_offsets"]
+    paths = [string_at(blob, offsets, i) for i in range(len(mtimes))]
+    with ThreadPoolExecutor(stat_workers) as pool:
+        now = list(pool.map(_mtime_ns_or_none, paths))
+    for path, before, after in zip(paths, mtimes.tolist(), now):
+        if after != before:
+            return f"{path} changed"
+    return None
+
+
+def _mtime_ns_or_none(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+# --- scanning a folder tree ----------------------------------------------------------------------
+
+
+def find_classes(root: str) -> list[str]:
+    """The class names: sorted sub-directory names of ``root`` (symlinks followed), as torchvision."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
+    return classes
+
+
+def scan_folder(
+    root: str, is_valid_file: Callable[[str], bool] | None, settings: str | None, workers: int | None
+) -> tuple[IndexMeta, dict[str, np.ndarray]]:
+    """Scan the tree under ``root`` (class directories in parallel threads) into index arrays.
+
+    ``root`` is the path as the user gave it (user-expanded): ``is_valid_file`` sees the same path
+    strings as under torchvision.
+    """
+    from tqdm import tqdm
+
+    started = time.time_ns()
+    root_stat = os.stat(root)  # before listing: a change during the scan shows
+    classes = find_classes(root)
+    root_identity = ((root_stat.st_dev, root_stat.st_ino),)
+    with ThreadPoolExecutor(workers) as pool:
+        jobs = pool.map(lambda name: scan_class(root, name, is_valid_file, root_identity), classes)
+        scans = list(tqdm(jobs, total=len(classes), desc=f"indexing {root}", unit="class", disable=None))
+    meta = IndexMeta(os.path.realpath(root), settings, tuple(classes), started, uuid.uuid4().hex)
+    return meta, assemble_folder_arrays(os.path.abspath(root), root_stat.st_mtime_ns, scans)
+
+
+def scan_class(
+    root: str,
+    name: str,
+    is_valid_file: Callable[[str], bool] | None,
+    outer: tuple[tuple[int, int], ...] = (),
+) -> ClassScan:
+    """The files of one class directory in torchvision's order: directories sorted by path, files
+    sorted by name within each, as ``sorted(os.walk(top, followlinks=True))`` yields them.
+
+    ``outer``: (st_dev, st_ino) of directories above the class (the root): like the class's own
+    ancestors, a symlink back to one of them is not followed.
+    """
+    top = os.path.join(root, name)
+    listed: list[tuple[str, list[str]]] = []  # (path suffix below top, file names)
+    dirs: list[str] = []
+    mtimes: list[int] = []
+    pending: list[tuple[str, tuple[tuple[int, int], ...]]] = [("", outer)] if os.path.isdir(top) else []
+    while pending:
+        suffix, ancestors = pending.pop()
+        try:
+            stat = os.stat(top + suffix)
+        except OSError:
+            continue  # vanished since its parent was listed
+        identity = (stat.st_dev, stat.st_ino)
+        if identity in ancestors:
+            continue  # a symlink to an ancestor: os.walk would descend until ELOOP; we stop at once
+        dirs.append(os.path.abspath(top + suffix))
+        mtimes.append(stat.st_mtime_ns)
+        listing = _list_directory(top + suffix)
+        if listing is not None:
+            subdirs, files = listing
+            listed.append((suffix, files))
+            pending.extend((f"{suffix}/{sub}", (*ancestors, identity)) for sub in subdirs)
+    listed.sort(key=lambda item: item[0])
+    keys = []
+    for suffix, files in listed:
+        for file in sorted(files):
+            if is_valid_file is None:
+                accepted = file.lower().endswith(IMG_EXTENSIONS)
+            else:
+                accepted = is_valid_file(f"{top}{suffix}/{file}")
+            if accepted:
+                keys.append(f"{name}{suffix}/{file}".encode("utf-8", "surrogateescape"))
+    return ClassScan(b"".join(keys), np.fromiter(map(len, keys), np.int64, len(keys)), dirs, mtimes)
+
+
+def _list_directory(path: str) -> tuple[list[str], list[str]] | None:
+    """(sub-directories, other entries) of ``path`` as os.walk splits them; None where os.walk
+    would skip the directory (unreadable)."""
+    subdirs: list[str] = []
+    files: list[str] = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
+                except OSError:
+                    is_dir = False
+                (subdirs if is_dir else files).append(entry.name)
+    except OSError:
+        return None
+    return subdirs, files
+
+
+def assemble_folder_arrays(root: str, root_mtime_ns: int, scans: Sequence[ClassScan]) -> dict[str, np.ndarray]:
+    """The index arrays from per-class scans (label = position in ``scans``)."""
+    counts = np.array([len(scan.key_lengths) for scan in scans], dtype=np.int64)
+    key_offsets = np.zeros(int(counts.sum()) + 1, dtype=np.int64)
+    if len(scans):
+        np.cumsum(np.concatenate([scan.key_lengths for scan in scans]), out=key_offsets[1:])
+    watched, watched_offsets = pack_strings([root, *(d for scan in scans for d in scan.dirs)])
+    return {
+        "keys": np.frombuffer(b"".join(scan.keys for scan in scans), dtype=np.uint8),
+        "key_offsets": key_offsets,
+        "labels": np.repeat(np.arange(len(scans), dtype=np.int64), counts),
+        "class_counts": counts,
+        "watched": watched,
+        "watched_offsets": watched_offsets,
+        "watched_mtime_ns": np.array([root_mtime_ns, *(m for scan in scans for m in scan.dir_mtime_ns)], np.int64),
+    }
+
+
+# --- parsing a file list -------------------------------------------------------------------------
+
+
+def parse_file_list(list_path: str) -> tuple[IndexMeta, dict[str, np.ndarray]]:
+    """Index arrays for a list file: ``path label`` lines (whitespace; the path may hold spaces), or
+    ``path,label`` rows when the file name ends in ``.csv`` (a header row is skipped)."""
+    started = time.time_ns()
+    real = os.path.realpath(list_path)
+    mtime_ns = os.stat(real).st_mtime_ns
+    keys, key_lengths, labels = bytearray(), array("q"), array("q")
+    for where, path, label in _list_rows(list_path):
+        if not path:
+            raise FormatError(f"{where}: empty path")
+        try:
+            labels.append(int(label))
+        except (ValueError, OverflowError):
+            raise FormatError(f"{where}: label {label!r} is not an integer") from None
+        encoded = path.encode("utf-8", "surrogateescape")
+        keys += encoded
+        key_lengths.append(len(encoded))
+    if not labels:
+        raise FormatError(f"{list_path}: the file list has no entries")
+    key_offsets = np.zeros(len(key_lengths) + 1, dtype=np.int64)
+    np.cumsum(np.frombuffer(key_lengths, dtype=np.int64), out=key_offsets[1:])
+    label_array = np.frombuffer(labels, dtype=np.int64)
+    watched, watched_offsets = pack_strings([real])
+    meta = IndexMeta(real, LIST_SETTINGS, (), started, uuid.uuid4().hex)
+    return meta, {
+        "keys": np.frombuffer(bytes(keys), dtype=np.uint8),
+        "key_offsets": key_offsets,
+        "labels": label_array,
+        "label_range": np.array([label_array.min(), label_array.max()], dtype=np.int64),
+        "watched": watched,
+        "watched_offsets": watched_offsets,
+        "watched_mtime_ns": np.array([mtime_ns], dtype=np.int64),
+    }
+
+
+def _list_rows(list_path: str) -> Iterator[tuple[str, str, str]]:
+    """(where, path, label text) per entry; ``where`` names the file and line for errors."""
+    is_csv = list_path.lower().endswith(".csv")
+    with open(list_path, encoding="utf-8", errors="surrogateescape", newline="") as file:
+        if is_csv:
+            reader = csv.reader(file)
+            first = True
+            for row in reader:
+                where = f"{list_path}, line {reader.line_num}"
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) != 2:
+                    raise FormatError(f"{where}: expected 2 fields 'path,label', got {len(row)}: {row!r}")
+                path, label = row[0].strip(), row[1].strip()
+                if first and not _is_int(label):
+                    first = False
+                    continue  # a header row
+                first = False
+                yield where, path, label
+        else:
+            for number, line in enumerate(file, 1):
+                text = line.strip()
+                if not text:
+                    continue
+                fields = text.rsplit(None, 1)
+                if len(fields) != 2:
+                    hint = " (CSV lists must be named *.csv)" if "," in text else ""
+                    raise FormatError(f"{list_path}, line {number}: expected 'path label', got {text!r}{hint}")
+                yield f"{list_path}, line {number}", fields[0], fields[1]
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

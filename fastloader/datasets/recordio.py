@@ -1,0 +1,255 @@
+"""RecordIODataset: MXNet ``.rec`` / ``.idx`` image records, read without MXNet.
+
+Item order is MXNet's ``MXIndexedRecordIO.keys``: the order of the lines of the ``.idx`` file
+(``im2rec`` writes them in ``.lst`` order). Without an ``.idx`` the ``.rec`` is scanned once and
+item ``k`` is the ``k``-th record of the file, under key ``k`` (as ``im2rec`` and InsightFace
+number them).
+
+InsightFace layout (``train.rec`` of MS1M, Glint360K, ...): when the record with key 0 has
+``flag > 0`` and no image, it is a header whose ``label[0]`` is one past the last image key, so
+the images are the records with keys ``1 .. int(label[0]) - 1``, in key order; the records after
+them describe identities and are not items. This is what InsightFace's ``MXFaceDataset`` reads,
+and, as there, a multi-label image record's label is its first value.
+
+The ``.idx`` (or the scan) is turned once into a memory-mapped index beside the ``.rec`` (or in the
+cache directory): item keys, offsets, and the bytes each record spans, so that a read is one
+``pread``. It is rebuilt when the ``.rec`` or ``.idx`` changes.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.errors import FormatError
+from fastloader.formats.recordio import (
+    IR_HEADER_SIZE,
+    IRHeader,
+    integer_label,
+    read_head,
+    read_idx_file,
+    read_record,
+    scan_offsets,
+    unpack_header,
+)
+from fastloader.index_file import IndexFile, read_index, write_index
+from fastloader.storage import file_lock, sidecar_path
+
+INDEX_KIND = "recordio"
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".flindex"
+PLAIN, INSIGHTFACE = "plain", "insightface"
+
+
+def _stamp(path: str) -> dict[str, int]:
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _sources_stamp(rec_path: str, idx_path: str | None) -> dict[str, Any]:
+    idx = None if idx_path is None else {"path": os.path.abspath(idx_path), **_stamp(idx_path)}
+    return {"rec": _stamp(rec_path), "idx": idx}
+
+
+def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
+    """The memory-mapped item index of ``rec_path`` (arrays ``keys``, ``offsets``, ``spans``),
+    built from ``idx_path`` (or a scan when None) when missing or stale, under a lock."""
+    index_path = os.fspath(sidecar_path(rec_path, INDEX_SUFFIX))
+    index = _fresh_index(index_path, rec_path, idx_path)
+    if index is not None:
+        return index
+    with file_lock(index_path):
+        index = _fresh_index(index_path, rec_path, idx_path)  # another rank may have built it meanwhile
+        if index is not None:
+            return index
+        stamp = _sources_stamp(rec_path, idx_path)
+        with open(rec_path, "rb") as rec:
+            meta, arrays = _build_index(rec.fileno(), stamp["rec"]["size"], rec_path, idx_path)
+        write_index(index_path, INDEX_KIND, INDEX_VERSION, {"sources": stamp, **meta}, arrays)
+    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+
+def _fresh_index(index_path: str, rec_path: str, idx_path: str | None) -> IndexFile | None:
+    try:
+        index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+    except (FileNotFoundError, FormatError):
+        return None
+    return index if index.meta.get("sources") == _sources_stamp(rec_path, idx_path) else None
+
+
+def _build_index(
+    fd: int, size: int, rec_path: str, idx_path: str | None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    if idx_path is None:
+        offsets = scan_offsets(fd, size, rec_path)
+        keys = np.arange(len(offsets), dtype=np.int64)
+    else:
+        keys, offsets = read_idx_file(idx_path)
+        bad = np.flatnonzero((offsets < 0) | (offsets > size - 8))
+        if len(bad):
+            line = int(bad[0])
+            raise FormatError(
+                f"{idx_path}: line {line + 1}: offset {offsets[line]} is outside {rec_path} ({size} bytes)"
+            )
+    # A record spans up to the next record's start: read() fetches it in one pread.
+    starts = np.unique(offsets)
+    spans = np.append(starts, size)[np.searchsorted(starts, offsets, side="right")] - offsets
+    meta: dict[str, Any] = {"layout": PLAIN}
+    header0 = _insightface_header(fd, size, rec_path, keys, offsets, spans)
+    if header0 is not None:
+        selection = _insightface_items(keys, header0, idx_path or rec_path)
+        keys, offsets, spans = keys[selection], offsets[selection], spans[selection]
+        meta = {"layout": INSIGHTFACE, "header0": list(header0.labels)}
+    return meta, {"keys": keys, "offsets": offsets, "spans": spans}
+
+
+def _insightface_header(
+    fd: int, size: int, rec_path: str, keys: np.ndarray, offsets: np.ndarray, spans: np.ndarray
+) -> IRHeader | None:
+    """The header of record 0 when it is an InsightFace dataset header (flag > 0, no image)."""
+    lines = np.flatnonzero(keys == 0)
+    if not len(lines):
+        return None
+    line = int(lines[-1])  # MXNet's idx dict keeps the last line of a repeated key
+    try:
+        payload = read_record(fd, int(offsets[line]), size, rec_path, span=int(spans[line]))
+        header, image_start = unpack_header(payload, f"{rec_path}: record 0")
+    except FormatError:
+        return None  # not a header; reading record 0 as an item reports the problem
+    return header if header.flag > 0 and image_start == len(payload) else None
+
+
+def _insightface_items(keys: np.ndarray, header0: IRHeader, where: str) -> np.ndarray:
+    """Line numbers of the image records, keys ``1 .. int(label[0]) - 1`` in key order."""
+    end = header0.labels[0]
+    if not 1 <= end <= len(keys):  # checked before np.arange: a corrupt header must not allocate much
+        raise FormatError(
+            f"{where}: InsightFace header record 0 announces {end - 1:g} images, but there are {len(keys)} records"
+        )
+    wanted = np.arange(1, int(end), dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    at = np.searchsorted(sorted_keys, wanted, side="right") - 1  # the last line of a repeated key
+    missing = (at < 0) | (sorted_keys[np.maximum(at, 0)] != wanted)
+    if missing.any():
+        first = int(wanted[np.flatnonzero(missing)[0]])
+        raise FormatError(
+            f"{where}: InsightFace header announces images 1..{int(end) - 1} but key {first} has no record"
+        )
+    return order[at]
+
+
+class _OpenRecordIO:
+    """Per process: the ``.rec`` descriptor, the memory-mapped index, and the last header read
+    (so that ``label(i)`` right after ``read(i)`` reads nothing)."""
+
+    def __init__(self, rec_path: str, index_path: str) -> None:
+        self.fd = os.open(rec_path, os.O_RDONLY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self.fd)
+        self.size = os.fstat(self.fd).st_size
+        arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays
+        self.keys, self.offsets, self.spans = arrays["keys"], arrays["offsets"], arrays["spans"]
+        self.last: tuple[int, IRHeader] | None = None
+
+
+class RecordIOSource:
+    """A :class:`~fastloader.datasets.base.Source` over an MXNet ``.rec`` file (see the module docstring).
+
+    ``idx_path`` defaults to the ``.idx`` beside ``rec_path`` (``train.rec`` -> ``train.idx``);
+    without one the ``.rec`` is scanned once. ``read(i)`` is the encoded image; ``label(i)`` the
+    integer label (ValueError for a multi-label record outside the InsightFace layout: use
+    :meth:`labels_of`).
+    """
+
+    def __init__(self, rec_path: str | os.PathLike[str], idx_path: str | os.PathLike[str] | None = None) -> None:
+        self.rec_path = os.fspath(rec_path)
+        if idx_path is None:
+            beside = os.path.splitext(self.rec_path)[0] + ".idx"
+            self.idx_path = beside if os.path.exists(beside) else None
+        else:
+            self.idx_path = os.fspath(idx_path)
+        index = load_index(self.rec_path, self.idx_path)
+        self.layout: str = index.meta["layout"]
+        self._length = len(index.arrays["offsets"])
+        self._local = ProcessLocal(partial(_OpenRecordIO, self.rec_path, index.path))
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _where(self, handle: _OpenRecordIO, index: int) -> str:
+        return f"{self.rec_path}: record {int(handle.keys[index])} (offset {int(handle.offsets[index])})"
+
+    def read(self, index: int) -> bytes:
+        index = check_index(index, self._length)
+        handle = self._local.get()
+        offset, span = int(handle.offsets[index]), int(handle.spans[index])
+        payload = read_record(handle.fd, offset, handle.size, self.rec_path, span=span)
+        header, image_start = unpack_header(payload, self._where(handle, index))
+        handle.last = (index, header)
+        return payload[image_start:]
+
+    def header(self, index: int) -> IRHeader:
+        """The record's :class:`IRHeader`, read without its image."""
+        index = check_index(index, self._length)
+        handle = self._local.get()
+        if handle.last is not None and handle.last[0] == index:
+            return handle.last[1]
+        offset, where = int(handle.offsets[index]), self._where(handle, index)
+        head = read_head(handle.fd, offset, handle.size, self.rec_path, IR_HEADER_SIZE)
+        flag = int.from_bytes(head[:4], "little") if len(head) >= IR_HEADER_SIZE else 0
+        if flag:  # the labels follow the fixed header
+            head = read_head(handle.fd, offset, handle.size, self.rec_path, IR_HEADER_SIZE + 4 * flag)
+        header, _ = unpack_header(head, where)
+        handle.last = (index, header)
+        return header
+
+    def label(self, index: int) -> int:
+        target = self.target(index)
+        if isinstance(target, np.ndarray):
+            raise ValueError(f"{self.key(index)}: a multi-label record ({len(target)} labels); use labels_of()")
+        return target
+
+    def labels_of(self, index: int) -> np.ndarray:
+        """All labels of the record as float32: the ``flag`` labels of a multi-label record, else one."""
+        header = self.header(index)
+        return np.array(header.labels if header.flag else (header.label,), dtype=np.float32)
+
+    def target(self, index: int) -> int | np.ndarray:
+        """What :class:`RecordIODataset` returns as the label: an int for a single-label record (and
+        in the InsightFace layout, the first label), else the float32 labels."""
+        header = self.header(index)
+        if header.flag == 0:
+            return integer_label(header.label, self.key(index))
+        if self.layout == INSIGHTFACE:
+            return integer_label(header.labels[0], self.key(index))
+        return np.array(header.labels, dtype=np.float32)
+
+    def key(self, index: int) -> str:
+        index = check_index(index, self._length)
+        return f"{self.rec_path}#{int(self._local.get().keys[index])}"
+
+
+class RecordIODataset(ImageDataset[Any]):
+    """``(transform(image), target_transform(label))`` for each record of an MXNet ``.rec`` file.
+
+    ``label`` is an int, or a float32 array for a multi-label record (see
+    :meth:`RecordIOSource.target`). ``loader`` turns encoded bytes into an image (default: RGB
+    ``PIL.Image``), so torchvision transforms work unchanged.
+    """
+
+    def __init__(
+        self,
+        rec_path: str | os.PathLike[str],
+        idx_path: str | os.PathLike[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        loader: Callable[[bytes, str], Any] = decode_pil,
+    ) -> None:
+        super().__init__(RecordIOSource(rec_path, idx_path), transform, target_transform, loader)

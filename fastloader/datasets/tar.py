@@ -1,0 +1,286 @@
+"""Map-style access to WebDataset-style tar shards: ``TarShardDataset("train-{000000..000099}.tar")``.
+
+Each shard is indexed once (see :mod:`fastloader.formats.tar_shards`). The per-shard indexes are
+then concatenated into one *catalog* for the whole shard list (in the cache dir, keyed by the
+shard paths, rebuilt when a shard's size or mtime changes): global numpy arrays of offsets, sizes,
+labels and keys, memory-mapped once per process. One catalog rather than thousands of per-shard
+memory maps keeps each worker's file descriptors and page tables bounded at 10M samples; shard
+files are opened lazily in each process, at most ``_MAX_OPEN_SHARDS`` at a time, and read with
+``os.pread``.
+
+``pattern`` may also be the output directory of ``fastloader pack --format tar``; its manifest
+gives the shard list and the class names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.errors import FormatError
+from fastloader.formats.patterns import expand_pattern
+from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
+from fastloader.formats.tar_sink import MANIFEST_NAME, PROGRESS_NAME, TarPackState
+from fastloader.index_file import IndexFile, read_index, string_at, write_index
+from fastloader.storage import cache_dir, file_lock
+
+CATALOG_KIND = "tar-catalog"
+CATALOG_VERSION = 1
+_MAX_OPEN_SHARDS = 64  # file descriptors per process; shards beyond are reopened as needed
+
+
+def read_pack_manifest(dst_dir: str | os.PathLike[str]) -> TarPackState:
+    """The manifest of a finished ``fastloader pack --format tar``; FormatError if the pack is incomplete."""
+    manifest = Path(dst_dir) / MANIFEST_NAME
+    if not manifest.exists():
+        started = (Path(dst_dir) / PROGRESS_NAME).exists()
+        raise FormatError(
+            f"{dst_dir}: incomplete pack: no {MANIFEST_NAME} "
+            + ("(the pack was interrupted or is still running; run it again to finish)" if started else "found")
+        )
+    state = TarPackState.read(manifest)
+    if not state.complete:
+        raise FormatError(f"{manifest}: incomplete pack (not marked complete)")
+    for shard in state.shards:
+        if "/" in shard.name or shard.name.startswith("."):  # the manifest only ever names files beside it
+            raise FormatError(f"{manifest}: bad shard name {shard.name!r}")
+    return state
+
+
+def _shard_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], list[str] | None]:
+    """The shard paths a pattern (or a pack directory) names, and the class names when known."""
+    if not isinstance(pattern, list) and os.path.isdir(pattern):
+        state = read_pack_manifest(pattern)
+        return [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards], state.classes
+    return expand_pattern(pattern), None
+
+
+def _catalog_path(shards: Sequence[str], image_exts: Sequence[str]) -> Path:
+    identity = json.dumps([[os.path.abspath(shard) for shard in shards], list(image_exts)])
+    return cache_dir() / "tar-catalogs" / f"{hashlib.sha1(identity.encode()).hexdigest()}.fl-idx"
+
+
+def _shard_stats(shards: Sequence[str]) -> list[list[Any]]:
+    stats = [os.stat(shard) for shard in shards]
+    return [[os.path.abspath(s), st.st_size, st.st_mtime_ns] for s, st in zip(shards, stats)]
+
+
+def _concat_strings(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Join ``pack_strings`` (blob, offsets) pairs into one pair."""
+    blob = np.concatenate([pair[0] for pair in pairs]) if pairs else np.zeros(0, np.uint8)
+    parts, base = [np.zeros(1, np.int64)], 0
+    for pair_blob, offsets in pairs:
+        parts.append(np.asarray(offsets[1:]) + base)
+        base += len(pair_blob)
+    return blob, np.concatenate(parts)
+
+
+def _build_catalog(
+    path: Path, shards: Sequence[str], image_exts: Sequence[str], index_paths: Sequence[str] | None
+) -> None:
+    indexes = [load_shard_index(s, index_paths[i] if index_paths else None, image_exts) for i, s in enumerate(shards)]
+    exts: list[str] = []
+    for index in indexes:
+        exts.extend(ext for ext in index.meta["exts"] if ext not in exts)
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.concatenate([np.asarray(index.arrays[name]) for index in indexes] or [np.zeros(0, dtype)])
+
+    def ext_codes(index: IndexFile) -> np.ndarray:
+        remap = np.array([exts.index(ext) for ext in index.meta["exts"]] or [0], dtype=np.uint8)
+        return remap[np.asarray(index.arrays["ext"])]
+
+    counts = [int(index.meta["samples"]) for index in indexes]
+    arrays = {
+        "starts": np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
+        "data_offset": column("data_offset", np.int64),
+        "data_size": column("data_size", np.int64),
+        "label": column("label", np.int64),
+        "ext": np.concatenate([ext_codes(index) for index in indexes] or [np.zeros(0, np.uint8)]),
+    }
+    arrays["key_blob"], arrays["key_offsets"] = _concat_strings(
+        [(index.arrays["key_blob"], index.arrays["key_offsets"]) for index in indexes]
+    )
+    has_source_keys = bool(indexes) and all("source_key_blob" in index.arrays for index in indexes)
+    if has_source_keys:
+        arrays["source_key_blob"], arrays["source_key_offsets"] = _concat_strings(
+            [(index.arrays["source_key_blob"], index.arrays["source_key_offsets"]) for index in indexes]
+        )
+    meta = {
+        # The shard states actually indexed, so that a shard changed meanwhile triggers a rebuild.
+        "shards": [
+            [os.path.abspath(s), index.meta["shard_size"], index.meta["shard_mtime_ns"]]
+            for s, index in zip(shards, indexes)
+        ],
+        "image_exts": list(image_exts),
+        "exts": exts,
+        "no_image": sum(int(index.meta["no_image"]) for index in indexes),
+        "ignored": sum(int(index.meta["ignored"]) for index in indexes),
+    }
+    write_index(path, CATALOG_KIND, CATALOG_VERSION, meta, arrays)
+
+
+def _current_catalog(path: Path, stats: list[list[Any]]) -> IndexFile | None:
+    try:
+        catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
+    except (FileNotFoundError, FormatError):
+        return None
+    return catalog if catalog.meta.get("shards") == stats else None
+
+
+def load_catalog(
+    shards: Sequence[str], image_exts: Sequence[str] = IMAGE_EXTS, index_paths: Sequence[str] | None = None
+) -> IndexFile:
+    """The catalog of ``shards``: read when every shard is unchanged, else built (once, under a lock)."""
+    path = _catalog_path(shards, image_exts)
+    stats = _shard_stats(shards)
+    catalog = _current_catalog(path, stats)
+    if catalog is not None:
+        return catalog
+    with file_lock(path):
+        catalog = _current_catalog(path, stats)
+        if catalog is None:
+            _build_catalog(path, shards, image_exts, index_paths)
+            catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
+    return catalog
+
+
+def _open_catalog(path: str, count: int) -> IndexFile:
+    catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
+    if int(catalog.arrays["starts"][-1]) != count:
+        raise FormatError(f"{path}: the shards changed since this dataset was created; create it again")
+    return catalog
+
+
+class _OpenShards:
+    """Read-only descriptors of the shards this process reads, the least recently used closed first."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self._paths = paths
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def pread(self, shard: int, size: int, offset: int) -> bytes:
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY | os.O_CLOEXEC)
+            if len(self._fds) > _MAX_OPEN_SHARDS:
+                os.close(self._fds.popitem(last=False)[1])
+        else:
+            self._fds.move_to_end(shard)
+        return os.pread(fd, size, offset)
+
+    def __del__(self) -> None:
+        # Also runs in a forked worker for the copy it inherited: closing that copy is right there.
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class TarShardSource:
+    """A :class:`~fastloader.datasets.base.Source` over tar shards: item i is the i-th sample with an image.
+
+    ``pattern``: brace pattern, glob, list of paths, or a ``fastloader pack --format tar`` directory.
+    ``image_exts``: extensions that count as the image, in order of preference (default
+    :data:`~fastloader.formats.tar_shards.IMAGE_EXTS`). ``index_paths``: one index file per shard,
+    to keep them elsewhere than beside the shards (built there when missing).
+    """
+
+    def __init__(
+        self,
+        pattern: str | os.PathLike[str] | list[str],
+        *,
+        image_exts: Sequence[str] | None = None,
+        index_paths: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
+        self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
+        if not self.image_exts or not all(self.image_exts):
+            raise ValueError(f"image_exts must name at least one extension, got {image_exts!r}")
+        self.shards, self.classes = _shard_list(pattern)
+        paths = None if index_paths is None else [os.fspath(p) for p in index_paths]
+        if paths is not None and len(paths) != len(self.shards):
+            raise ValueError(f"index_paths has {len(paths)} entries for {len(self.shards)} shards")
+        catalog = load_catalog(self.shards, self.image_exts, paths)
+        self._starts = np.array(catalog.arrays["starts"])  # one entry per shard: kept in memory
+        self._length = int(self._starts[-1])
+        self._exts: list[str] = list(catalog.meta["exts"])
+        self.no_image: int = catalog.meta["no_image"]  # samples skipped: no image member
+        self.ignored: int = catalog.meta["ignored"]  # unsafe or non-regular members ignored
+        self._catalog = ProcessLocal(partial(_open_catalog, catalog.path, self._length))
+        self._files = ProcessLocal(partial(_OpenShards, tuple(self.shards)))
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"TarShardSource({self._length} samples in {len(self.shards)} shards)"
+
+    def _shard_of(self, index: int) -> int:
+        return int(np.searchsorted(self._starts, index, side="right")) - 1
+
+    def read(self, index: int) -> bytes:
+        index = check_index(index, self._length)
+        arrays = self._catalog.get().arrays
+        offset, size = int(arrays["data_offset"][index]), int(arrays["data_size"][index])
+        data = self._files.get().pread(self._shard_of(index), size, offset)
+        if len(data) != size:
+            raise FormatError(f"{self.key(index)}: the shard ends early (modified since it was indexed?)")
+        return data
+
+    def label(self, index: int) -> int:
+        return int(self._catalog.get().arrays["label"][check_index(index, self._length)])
+
+    def labels(self) -> np.ndarray:
+        """Every label (-1 where a sample has none), as a read-only array."""
+        return self._catalog.get().arrays["label"].view(np.ndarray)
+
+    def key(self, index: int) -> str:
+        """``"<shard path>:<sample key>"``."""
+        index = check_index(index, self._length)
+        arrays = self._catalog.get().arrays
+        return f"{self.shards[self._shard_of(index)]}:{string_at(arrays['key_blob'], arrays['key_offsets'], index)}"
+
+    def extension(self, index: int) -> str:
+        """The extension of the image member (``jpg``, ``png``, ...)."""
+        return self._exts[int(self._catalog.get().arrays["ext"][check_index(index, self._length)])]
+
+    def source_key(self, index: int) -> str | None:
+        """For packed shards, the key the sample had in the packed source; else None."""
+        arrays = self._catalog.get().arrays
+        if "source_key_blob" not in arrays:
+            return None
+        index = check_index(index, self._length)
+        return string_at(arrays["source_key_blob"], arrays["source_key_offsets"], index)
+
+
+class TarShardDataset(ImageDataset[Any]):
+    """``(transform(image), target_transform(label))`` for every sample of tar shards (see :class:`TarShardSource`).
+
+    ``classes`` / ``class_to_idx`` come from the manifest of a ``fastloader pack`` directory (None
+    for plain shards, whose ``.cls`` members hold bare integers).
+    """
+
+    def __init__(
+        self,
+        pattern: str | os.PathLike[str] | list[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        loader: Callable[[bytes, str], Any] = decode_pil,
+        *,
+        image_exts: Sequence[str] | None = None,
+        index_paths: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
+        source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
+        super().__init__(source, transform, target_transform, loader)
+        self.classes = source.classes
+        self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

@@ -1,0 +1,353 @@
+"""Tar shards in the WebDataset layout: walk the headers once, keep an index, read samples by offset.
+
+A shard is a plain (uncompressed) POSIX tar. Consecutive members sharing a *key* form one sample;
+the key is the member path up to the first dot of its base name (``a/b/x.seg.jpg`` has key
+``a/b/x`` and extension ``seg.jpg``, lowercased). A sample's image is its first member whose
+extension is in ``image_exts`` (in that order of preference); its label is the integer text of its
+``.cls`` / ``.cls2`` / ``.class`` / ``.label`` member, -1 when it has none.
+
+We never extract and never trust a header further than the file: member paths only become keys,
+data is read with ``os.pread`` at the offset recorded in the index. So members with an absolute path
+or a ``..`` component, links, devices and FIFOs are ignored (with a warning naming them), and a
+truncated file, a bad header checksum or a size past the end of the file is a
+:class:`~fastloader.errors.FormatError` naming the shard and the member, never a hang or a
+huge allocation. Headers are read by hand rather than with ``tarfile`` because ``tarfile`` ends
+iteration silently at a corrupt or truncated header and reads pax / GNU long-name payloads of any
+claimed size into memory.
+
+The index of a shard (one :mod:`fastloader.index_file`, ``<shard>.fl-idx`` beside it or in the cache
+dir) is built once under a file lock and rebuilt when the shard's size or mtime changes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from fastloader.errors import FormatError
+from fastloader.index_file import IndexFile, pack_strings, read_index, write_index
+from fastloader.storage import file_lock, sidecar_path
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")
+LABEL_EXTS = ("cls", "cls2", "class", "label")
+INDEX_KIND = "tar-shard"
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".fl-idx"
+
+_BLOCK = 512
+_MAX_HEADER_PAYLOAD = 1 << 20  # pax records and GNU long names hold names, never image data
+_MAX_LABEL_BYTES = 64
+_MAX_EXAMPLES = 10  # ignored members named in the index meta and the warning
+_SPECIAL_TYPES = {
+    b"1": "a hard link",
+    b"2": "a symbolic link",
+    b"3": "a character device",
+    b"4": "a block device",
+    b"6": "a FIFO",
+}
+
+
+class Member(NamedTuple):
+    """One tar member as the header walk sees it; ``problem`` is why it is ignored ("" if readable)."""
+
+    name: str
+    offset: int  # of its data
+    size: int
+    problem: str
+
+
+def _number(field: bytes) -> int:
+    """A numeric header field: octal text, or GNU base-256 when the top bit of the first byte is set."""
+    if field and field[0] & 0x80:
+        if field[0] == 0xFF:
+            raise ValueError("negative base-256 number")
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = field.replace(b"\x00", b" ").strip()
+    return int(text, 8) if text else 0
+
+
+def _check_checksum(block: bytes) -> bool:
+    stored = _number(block[148:156])
+    unsigned = sum(block) - sum(block[148:156]) + 8 * ord(" ")
+    if stored == unsigned:
+        return True
+    # Some old writers summed signed chars; accept that too, as GNU tar does.
+    high = sum(1 for byte in block[:148] + block[156:] if byte > 127)
+    return stored == unsigned - 256 * high
+
+
+def _parse_pax(payload: bytes) -> dict[str, str]:
+    """pax extended header records: ``"<length> <key>=<value>\\n"``, the length counting itself."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(payload) and payload[pos] != 0:
+        space = payload.index(b" ", pos)
+        length = int(payload[pos:space])
+        record = payload[space + 1 : pos + length]
+        if length <= 0 or pos + length > len(payload) or not record.endswith(b"\n") or b"=" not in record:
+            raise ValueError(f"bad pax record at byte {pos}")
+        key, value = record[:-1].split(b"=", 1)
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _clean_name(name: str) -> tuple[str, str]:
+    """The member name without a leading ``./``, and why it is refused ("" when it is fine)."""
+    while name.startswith("./"):
+        name = name[2:]
+    if name.startswith("/"):
+        return name, "an absolute path"
+    if ".." in name.split("/"):
+        return name, "a '..' path component"
+    return name, ""
+
+
+def walk_members(fd: int, shard: str) -> Iterator[Member]:
+    """Every file member of the tar open as ``fd`` (directories and extended headers consumed)."""
+    file_size = os.fstat(fd).st_size
+    if file_size == 0:
+        raise FormatError(f"{shard}: empty file (0 bytes), not a tar archive")
+    offset = 0
+    pending: dict[str, str] = {}  # pax / GNU long-name values for the next header
+    while True:
+        if offset >= file_size:
+            # Readers accept this, but a copy cut exactly between two members looks the same.
+            warnings.warn(f"{shard}: no end-of-archive marker; the file may be truncated", stacklevel=2)
+            break
+        block = os.pread(fd, _BLOCK, offset)
+        if offset == 0 and block[:2] == b"\x1f\x8b":
+            raise FormatError(f"{shard}: gzip-compressed; tar shards must be uncompressed for random access")
+        if not block.rstrip(b"\x00"):
+            break  # the end-of-archive zero blocks
+        if len(block) < _BLOCK:
+            raise FormatError(f"{shard}: truncated tar header at byte {offset} (file ends at {file_size})")
+        typeflag = block[156:157]
+        extended = typeflag in (b"x", b"L", b"g", b"K")
+        try:
+            if not _check_checksum(block):
+                raise ValueError("bad header checksum")
+            # A pax "size" overrides the header's for the member it describes (members over 8 GiB).
+            size = int(pending["size"]) if "size" in pending and not extended else _number(block[124:136])
+        except ValueError as error:
+            raise FormatError(f"{shard}: corrupt tar header at byte {offset} ({error}); not a tar or damaged") from None
+        name = _header_name(block, {} if extended else pending)
+        data_offset = offset + _BLOCK
+        if data_offset + size > file_size:
+            raise FormatError(
+                f"{shard}: member {name!r} claims {size} bytes at byte {data_offset}, past the end of the "
+                f"file ({file_size} bytes): truncated"
+            )
+        offset = data_offset + (size + _BLOCK - 1) // _BLOCK * _BLOCK
+        if extended:
+            payload = _header_payload(fd, shard, name, data_offset, size)
+            if typeflag == b"x":
+                pending.update(_pax_records(shard, name, payload))
+            elif typeflag == b"L":
+                pending["path"] = payload.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+            continue  # a global pax header or a GNU long link name says nothing we use
+        member = _member(shard, name, typeflag, data_offset, size, pending)
+        pending = {}
+        if member is not None:
+            yield member
+    if pending:
+        raise FormatError(f"{shard}: truncated: ends after an extended header, before its member")
+
+
+def _member(shard: str, name: str, typeflag: bytes, offset: int, size: int, pax: Mapping[str, str]) -> Member | None:
+    """The member a header describes (None for a directory), with why it is refused if it is."""
+    if typeflag == b"S":
+        raise FormatError(f"{shard}: member {name!r} is a GNU sparse file, which is not supported")
+    if typeflag == b"5" or (typeflag in (b"0", b"\x00") and name.endswith("/")):
+        return None
+    name, problem = _clean_name(name)
+    if not problem and typeflag not in (b"0", b"\x00", b"7"):
+        problem = _SPECIAL_TYPES.get(typeflag, f"of unsupported member type {typeflag!r}")
+    if not problem and any(key.startswith("GNU.sparse.") for key in pax):
+        problem = "a sparse file"
+    return Member(name, offset, size, problem)
+
+
+def _header_name(block: bytes, pending: Mapping[str, str]) -> str:
+    if "path" in pending:
+        return pending["path"]
+    name = block[:100].split(b"\x00", 1)[0]
+    # The POSIX ustar prefix field; in the GNU format those bytes hold other fields.
+    if block[257:263] == b"ustar\x00" and block[345] != 0:
+        name = block[345:500].split(b"\x00", 1)[0] + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _header_payload(fd: int, shard: str, name: str, offset: int, size: int) -> bytes:
+    if size > _MAX_HEADER_PAYLOAD:
+        raise FormatError(f"{shard}: extended header {name!r} claims {size} bytes; refusing (corrupt?)")
+    return os.pread(fd, size, offset)
+
+
+def _pax_records(shard: str, name: str, payload: bytes) -> dict[str, str]:
+    try:
+        records = _parse_pax(payload)
+        if "size" in records and int(records["size"]) < 0:
+            raise ValueError("negative size")
+    except ValueError as error:
+        raise FormatError(f"{shard}: corrupt pax header {name!r} ({error})") from None
+    return records
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's (key, extension) of a member name; None when the base name has no extension."""
+    directory, slash, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem:
+        return None
+    return directory + slash + stem, ext.lower()
+
+
+class _ShardRows:
+    """The index rows of one shard while it is scanned (transient: dropped once written)."""
+
+    def __init__(self, fd: int, shard: str, image_exts: Sequence[str]) -> None:
+        self.fd, self.shard, self.image_exts = fd, shard, tuple(image_exts)
+        self.keys: list[str] = []
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.exts: list[int] = []
+        self.labels: list[int] = []
+        self.ext_table: list[str] = []
+        self.no_image = 0
+        self.ignored: list[str] = []
+        self.ignored_count = 0
+
+    def scan(self) -> None:
+        key: str | None = None
+        group: dict[str, Member] = {}
+        for member in walk_members(self.fd, self.shard):
+            if member.problem:
+                self.ignored_count += 1
+                if len(self.ignored) < _MAX_EXAMPLES:
+                    self.ignored.append(f"{member.name} ({member.problem})")
+                continue
+            parts = split_key(member.name)
+            if parts is None:
+                continue  # no extension: part of no sample, as in WebDataset
+            if parts[0] != key:
+                self._add_sample(key, group)
+                key, group = parts[0], {}
+            if parts[1] in group:
+                raise FormatError(f"{self.shard}: member {member.name!r} appears twice in sample {key!r}")
+            group[parts[1]] = member
+        self._add_sample(key, group)
+
+    def _add_sample(self, key: str | None, group: Mapping[str, Member]) -> None:
+        if key is None:
+            return
+        image_ext = next((ext for ext in self.image_exts if ext in group), None)
+        if image_ext is None:
+            self.no_image += 1
+            return
+        label_ext = next((ext for ext in LABEL_EXTS if ext in group), None)
+        if image_ext not in self.ext_table:
+            self.ext_table.append(image_ext)
+        self.keys.append(key)
+        self.offsets.append(group[image_ext].offset)
+        self.sizes.append(group[image_ext].size)
+        self.exts.append(self.ext_table.index(image_ext))
+        self.labels.append(-1 if label_ext is None else self._read_label(group[label_ext]))
+
+    def _read_label(self, member: Member) -> int:
+        text = os.pread(self.fd, min(member.size, _MAX_LABEL_BYTES + 1), member.offset)
+        try:
+            if len(text) > _MAX_LABEL_BYTES:
+                raise ValueError("too long")
+            label = int(text.decode("ascii").strip())
+            if not -(2**63) <= label < 2**63:
+                raise ValueError("out of int64 range")
+        except (ValueError, UnicodeDecodeError):
+            raise FormatError(
+                f"{self.shard}: member {member.name!r}: label {text[:_MAX_LABEL_BYTES]!r} is not an integer"
+            ) from None
+        return label
+
+
+def default_index_path(shard: str | os.PathLike[str]) -> Path:
+    """Where the index of ``shard`` lives unless told otherwise."""
+    return sidecar_path(shard, INDEX_SUFFIX)
+
+
+def build_shard_index(
+    shard: str,
+    index_path: str | os.PathLike[str],
+    image_exts: Sequence[str] = IMAGE_EXTS,
+    extra_arrays: Mapping[str, np.ndarray] | None = None,
+) -> IndexFile:
+    """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside)."""
+    fd = os.open(shard, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        stat = os.fstat(fd)
+        rows = _ShardRows(fd, shard, image_exts)
+        rows.scan()
+    finally:
+        os.close(fd)
+    key_blob, key_offsets = pack_strings(rows.keys)
+    arrays = {
+        "key_blob": key_blob,
+        "key_offsets": key_offsets,
+        "data_offset": np.asarray(rows.offsets, dtype=np.int64),
+        "data_size": np.asarray(rows.sizes, dtype=np.int64),
+        "ext": np.asarray(rows.exts, dtype=np.uint8),
+        "label": np.asarray(rows.labels, dtype=np.int64),
+        **(extra_arrays or {}),
+    }
+    meta = {
+        "shard_size": stat.st_size,
+        "shard_mtime_ns": stat.st_mtime_ns,
+        "image_exts": list(image_exts),
+        "exts": rows.ext_table,
+        "samples": len(rows.keys),
+        "no_image": rows.no_image,
+        "ignored": rows.ignored_count,
+        "ignored_examples": rows.ignored,
+    }
+    write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, arrays)
+    if rows.ignored_count:
+        warnings.warn(
+            f"{shard}: ignored {rows.ignored_count} unsafe or non-regular member(s), e.g. {', '.join(rows.ignored)}",
+            stacklevel=2,
+        )
+    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+
+def _current(index: IndexFile, shard: str, image_exts: Sequence[str]) -> bool:
+    stat = os.stat(shard)
+    meta = index.meta
+    return (
+        meta.get("shard_size") == stat.st_size
+        and meta.get("shard_mtime_ns") == stat.st_mtime_ns
+        and meta.get("image_exts") == list(image_exts)
+    )
+
+
+def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexFile | None:
+    try:
+        index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+    except (FileNotFoundError, FormatError):
+        return None
+    return index if _current(index, shard, image_exts) else None
+
+
+def load_shard_index(
+    shard: str, index_path: str | os.PathLike[str] | None = None, image_exts: Sequence[str] = IMAGE_EXTS
+) -> IndexFile:
+    """The index of ``shard``: read when current, else built (once: other processes wait on the lock)."""
+    path = Path(index_path) if index_path is not None else default_index_path(shard)
+    index = _try_read(shard, path, image_exts)
+    if index is not None:
+        return index
+    with file_lock(path):
+        index = _try_read(shard, path, image_exts)
+        return index if index is not None else build_shard_index(shard, path, image_exts)

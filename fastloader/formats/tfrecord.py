@@ -1,0 +1,190 @@
+"""TFRecord files, read and written without TensorFlow.
+
+Byte layout of each record (TensorFlow ``record_writer``, little-endian), records back to back::
+
+    u64 length
+    u32 masked_crc32c(the 8 length bytes)
+    data[length]
+    u32 masked_crc32c(data)
+
+    masked_crc32c(b) = ((crc >> 15) | (crc << 17)) + 0xa282ead8   (mod 2**32, crc = CRC32C(b))
+
+The format has no index, so random access needs one: :func:`load_index` scans a file once (record
+headers only) and keeps the offsets and lengths in a sidecar index beside it (or in the cache
+directory), rebuilt when the file changes. Both CRCs are checked on every read; the scan checks
+the length CRC (reading every payload would read the whole dataset).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from array import array
+from types import TracebackType
+
+import crc32c
+import numpy as np
+
+from fastloader.errors import FormatError
+from fastloader.index_file import IndexFile, read_index, write_index
+from fastloader.storage import file_lock, sidecar_path
+
+_HEAD = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+FRAME_OVERHEAD = _HEAD.size + _CRC.size
+_MASK_DELTA = 0xA282EAD8
+INDEX_KIND = "tfrecord"
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".flindex"
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(data: bytes) -> bytes:
+    """``data`` framed as one TFRecord record."""
+    length = struct.pack("<Q", len(data))
+    return length + _CRC.pack(masked_crc32c(length)) + data + _CRC.pack(masked_crc32c(data))
+
+
+def _pread(fd: int, size: int, offset: int, path: str) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise FormatError(f"{path}: short read of {size} bytes at offset {offset} (file truncated since indexed?)")
+    return data
+
+
+def _check_head(head: bytes, offset: int, path: str) -> int:
+    """The data length in the 12-byte record header at ``offset``, its CRC checked."""
+    length, length_crc = _HEAD.unpack(head)
+    if masked_crc32c(head[:8]) != length_crc:
+        raise FormatError(
+            f"{path}: length CRC mismatch at offset {offset} (not a TFRecord file, compressed, or corrupt?)"
+        )
+    return int(length)
+
+
+def read_record(fd: int, offset: int, length: int, file_size: int, path: str) -> memoryview:
+    """The data of the record at ``offset`` whose index says it holds ``length`` bytes: one ``pread``,
+    both CRCs checked. A zero-copy view into the bytes read."""
+    if offset < 0 or length < 0 or offset + length + FRAME_OVERHEAD > file_size:
+        raise FormatError(
+            f"{path}: a record of {length} bytes at offset {offset} runs past the end of the file (stale index?)"
+        )
+    record = _pread(fd, length + FRAME_OVERHEAD, offset, path)
+    stored = _check_head(record[: _HEAD.size], offset, path)
+    if stored != length:
+        raise FormatError(
+            f"{path}: the record at offset {offset} holds {stored} bytes, its index says {length} (stale)"
+        )
+    data = memoryview(record)[_HEAD.size : _HEAD.size + length]
+    (data_crc,) = _CRC.unpack_from(record, _HEAD.size + length)
+    if masked_crc32c(data) != data_crc:
+        raise FormatError(f"{path}: data CRC mismatch in the record at offset {offset} (corrupt file)")
+    return data
+
+
+def scan_records(fd: int, file_size: int, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, lengths)`` of every record of a TFRecord file, in file order (int64 arrays)."""
+    offsets, lengths = array("q"), array("q")  # 8 bytes a record, not a Python int each
+    pos = 0
+    while pos < file_size:
+        if pos + _HEAD.size > file_size:
+            raise FormatError(f"{path}: {file_size - pos} stray bytes at offset {pos} (truncated record header)")
+        length = _check_head(_pread(fd, _HEAD.size, pos, path), pos, path)
+        if length > file_size - pos - FRAME_OVERHEAD:
+            raise FormatError(
+                f"{path}: the record at offset {pos} declares {length} bytes but the file ends at {file_size} "
+                "(truncated?)"
+            )
+        offsets.append(pos)
+        lengths.append(length)
+        pos += length + FRAME_OVERHEAD
+    return np.frombuffer(offsets, dtype=np.int64).copy(), np.frombuffer(lengths, dtype=np.int64).copy()
+
+
+def _stamp(path: str) -> dict[str, int]:
+    stat = os.stat(path)
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def default_index_path(path: str | os.PathLike[str]) -> str:
+    return os.fspath(sidecar_path(path, INDEX_SUFFIX))
+
+
+def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] | None = None) -> IndexFile:
+    """The memory-mapped index (``offsets``, ``lengths``) of the TFRecord file at ``path``.
+
+    Built by a scan when missing, foreign, or older than the file (size or mtime changed), under a
+    lock so that ranks starting together scan once.
+    """
+    path = os.fspath(path)
+    index_path = default_index_path(path) if index_path is None else os.fspath(index_path)
+    index = _fresh_index(path, index_path)
+    if index is not None:
+        return index
+    with file_lock(index_path):
+        index = _fresh_index(path, index_path)  # another rank may have built it while we waited
+        if index is not None:
+            return index
+        stamp = _stamp(path)
+        with open(path, "rb") as file:
+            offsets, lengths = scan_records(file.fileno(), stamp["size"], path)
+        meta = {"data": stamp, "count": len(offsets)}
+        write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, {"offsets": offsets, "lengths": lengths})
+    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+
+def _fresh_index(path: str, index_path: str) -> IndexFile | None:
+    try:
+        index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+    except (FileNotFoundError, FormatError):
+        return None
+    return index if index.meta.get("data") == _stamp(path) else None
+
+
+class TFRecordWriter:
+    """Appends records to a TFRecord file, written under a temporary name and renamed into place by
+    :meth:`close` (a ``with`` block left by an exception leaves nothing behind)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        directory, name = os.path.split(os.path.abspath(self.path))
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        self._file = os.fdopen(fd, "wb")
+        self._offset = 0
+
+    def write(self, data: bytes) -> int:
+        """Append one record; returns its offset."""
+        offset = self._offset
+        chunk = frame(data)
+        self._file.write(chunk)
+        self._offset += len(chunk)
+        return offset
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            os.unlink(self._tmp)
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

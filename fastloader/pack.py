@@ -1,0 +1,460 @@
+"""``fastloader pack``: turn an image folder, file list, RecordIO, TFRecord, tar shards or a fastloader
+LMDB into a fastloader LMDB (default) or WebDataset-compatible tar shards::
+
+    from fastloader.pack import pack
+    summary = pack("imagenet/train", "train.lmdb", resize_max_side=512, quality=90)
+    print(summary.format_text())
+
+Data flow: a pool of ``workers`` reader processes (default: the usable cores) takes ranges of
+source positions, reads each item, checks that it decodes and re-encodes it when asked. This
+process is the one writer: it takes the results in source order and hands them to the sink
+(``LMDBSink`` or ``TarShardSink``), which batches commits and owns durability. At most
+``2 * workers + 2`` ranges are in flight, so memory stays bounded when the writer is the slow side.
+The pool is forked before the sink opens its output (an LMDB environment must never cross a fork).
+
+Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
+fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues from
+the sink's ``resume_position()``: 0 samples lost, 0 duplicated. A destination holding a pack with
+another fingerprint is a clear error, never a silent mix.
+
+Bad inputs never abort a pack: an item that cannot be read, is empty or does not decode is
+skipped with its reason, counted in the summary (grouped by reason) and listed in
+``<DST>.skipped.tsv``. Without re-encoding every image is still decoded once to prove it whole;
+JPEGs at 1/8 scale in grayscale (libjpeg still parses the whole entropy-coded stream, so a
+truncated or corrupt file fails, for a fraction of a full decode's cost).
+
+Re-encoding (the FFCV trick: decode cost falls with pixel count): ``resize_max_side=N`` shrinks
+images whose longer side exceeds N to exactly N (never upscaling); the others keep their original
+bytes unless ``quality`` is given. Re-encoded images are RGB JPEGs at ``quality`` (default 90),
+CMYK / grayscale / palette / RGBA converted to RGB as ``decode_pil`` does at read time. An image
+re-encoded at its own size keeps its original bytes when the JPEG would not be smaller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import io
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from fastloader.datasets.base import Source
+from fastloader.formats.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
+from fastloader.pack_sink import Sink, Skipped
+
+OUTPUT_FORMATS = ("lmdb", "tar")
+DEFAULT_QUALITY = 90
+_CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
+_KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
+
+
+@dataclass(frozen=True)
+class ReencodeOptions:
+    resize_max_side: int | None = None
+    quality: int | None = None
+
+
+class Prepared(NamedTuple):
+    """One source item, ready for the sink; ``data`` is None when it is skipped for ``reason``."""
+
+    position: int
+    key: str
+    label: int
+    data: bytes | None
+    reason: str
+    bytes_in: int
+
+
+def detect_source_kind(src: str) -> str:
+    """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
+    if os.path.isdir(src):
+        from fastloader.formats.tar_sink import MANIFEST_NAME
+
+        if os.path.exists(os.path.join(src, "data.mdb")):
+            return "lmdb"
+        return "tar" if os.path.exists(os.path.join(src, MANIFEST_NAME)) else "folder"
+    name = os.path.basename(src).lower()
+    if name.endswith((".txt", ".csv", ".lst", ".tsv")):
+        return "list"
+    if name.endswith(".rec"):
+        return "recordio"
+    if ".tfrecord" in name or name.endswith(".tfrec"):
+        return "tfrecord"
+    if name.endswith(".tar"):
+        return "tar"
+    if name.endswith((".mdb", ".lmdb")):
+        return "lmdb"
+    raise ValueError(
+        f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
+        "a .tfrecord pattern, a .tar pattern or a fastloader LMDB (or pass src_format)"
+    )
+
+
+# Where each source kind lives: imported when used (their modules need nothing until then).
+_SOURCE_CLASSES = {
+    "folder": ("fastloader.datasets.folder", "FolderSource"),
+    "list": ("fastloader.datasets.folder", "FileListSource"),
+    "recordio": ("fastloader.datasets.recordio", "RecordIOSource"),
+    "tfrecord": ("fastloader.datasets.tfrecord", "TFRecordSource"),
+    "tar": ("fastloader.datasets.tar", "TarShardSource"),
+    "lmdb": ("fastloader.datasets.lmdb", "LMDBSource"),
+}
+SOURCE_KINDS = tuple(_SOURCE_CLASSES)
+
+
+def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
+    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`)."""
+    kind = detect_source_kind(src) if kind == "auto" else kind
+    if kind not in _SOURCE_CLASSES:
+        raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+    module, name = _SOURCE_CLASSES[kind]
+    source_class = getattr(importlib.import_module(module), name)
+    source: Source = source_class(src, root) if kind == "list" else source_class(src)
+    return source, kind
+
+
+def _fit(width: int, height: int, limit: int) -> tuple[int, int]:
+    scale = limit / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def reencode(data: bytes, options: ReencodeOptions) -> bytes:
+    """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring)."""
+    from PIL import Image
+
+    image: Image.Image = Image.open(io.BytesIO(data))
+    width, height = image.size
+    limit = options.resize_max_side
+    shrink = limit is not None and max(width, height) > limit
+    if not shrink and options.quality is None:
+        image.draft("L", (max(1, width // 8), max(1, height // 8)))  # JPEG only; others decode fully
+        image.load()
+        return data
+    size = _fit(width, height, limit) if shrink and limit is not None else (width, height)
+    if shrink:
+        # DCT-scale to at least twice the target, then resample: as PIL's thumbnail(reducing_gap=2),
+        # indistinguishable from a full decode and several times cheaper.
+        image.draft("RGB", (2 * size[0], 2 * size[1]))
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # as decode_pil: the documented path for palette transparency
+    image = image.convert("RGB") if image.mode != "RGB" else image
+    image.load()
+    if image.size != size:
+        image = image.resize(size, Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=options.quality or DEFAULT_QUALITY)
+    if not shrink and out.tell() >= len(data):
+        return data
+    return out.getvalue()
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".replace("\n", " ").replace("\t", " ")
+
+
+def prepare_item(source: Source, position: int, options: ReencodeOptions) -> Prepared:
+    """Read, check and re-encode the item at ``position``; any failure becomes a skip reason."""
+    key = f"#{position}"
+    # Errors are caught broadly on purpose: sources and PIL's plugins raise many exception types
+    # for bad files, and one bad file must never abort a pack of many hours.
+    try:
+        key = source.key(position)
+        data = source.read(position)
+        label = int(source.label(position))
+    except Exception as error:
+        return Prepared(position, key, -1, None, f"unreadable: {_describe(error)}", 0)
+    if not data:
+        return Prepared(position, key, label, None, "empty: 0 bytes", 0)
+    try:
+        packed = reencode(data, options)
+    except Exception as error:
+        return Prepared(position, key, label, None, f"undecodable: {_describe(error)}", len(data))
+    return Prepared(position, key, label, packed, "", len(data))
+
+
+# One reader process's source and options, set once by the pool initializer.
+_worker: tuple[Source, ReencodeOptions] | None = None
+
+
+def _init_worker(source: Source, options: ReencodeOptions) -> None:
+    global _worker
+    _worker = (source, options)
+    # Ctrl-C reaches the whole process group: the main process handles it and closes the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _prepare_range(start: int, stop: int) -> list[Prepared]:
+    if _worker is None:
+        raise RuntimeError("pack reader process used before its initializer ran")
+    source, options = _worker
+    return [prepare_item(source, position, options) for position in range(start, stop)]
+
+
+@contextlib.contextmanager
+def _reader_pool(source: Source, options: ReencodeOptions, workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """Reader processes, all started before the caller opens its output (so that none is forked after).
+
+    An executor rather than ``multiprocessing.Pool``: when a reader dies (killed, out of memory, a
+    crash in a decoder) Pool waits forever for its lost task; the executor reports it.
+    """
+    if workers == 0:
+        yield None
+        return
+    context = multiprocessing.get_context()
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(source, options))
+    try:
+        executor.submit(os.getpid).result()  # the first task starts every reader
+        yield executor
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _results(future: Future[list[Prepared]], low: int) -> list[Prepared]:
+    try:
+        return future.result()
+    except BrokenProcessPool as error:
+        raise RuntimeError(
+            f"a reader process died (killed, out of memory or crashed in a decoder) while preparing source "
+            f"positions {low}..{low + _CHUNK - 1}; run the same command again to resume"
+        ) from error
+
+
+def _prepared(
+    source: Source, options: ReencodeOptions, pool: ProcessPoolExecutor | None, start: int, workers: int
+) -> Iterator[Prepared]:
+    """Every item from ``start`` on, prepared by the readers (or here when there are none), in order."""
+    total = len(source)
+    if pool is None:
+        for position in range(start, total):
+            yield prepare_item(source, position, options)
+        return
+    pending: deque[tuple[Future[list[Prepared]], int]] = deque()
+    for low in range(start, total, _CHUNK):
+        pending.append((pool.submit(_prepare_range, low, min(low + _CHUNK, total)), low))
+        if len(pending) >= 2 * workers + 2:
+            yield from _results(*pending.popleft())
+    while pending:
+        yield from _results(*pending.popleft())
+
+
+@dataclass
+class _Counts:
+    packed: int = 0
+    skipped: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
+    """Add a prepared item to the sink, or record why it is skipped."""
+    reason = item.reason
+    if item.data is not None:
+        try:
+            sink.add(item.position, item.key, item.label, item.data)
+        except ValueError as error:  # an output that cannot hold this image (tar: an unknown format)
+            reason = f"rejected: {_describe(error)}"
+        else:
+            counts.packed += 1
+            counts.bytes_in += item.bytes_in
+            counts.bytes_out += len(item.data)
+            return
+    sink.add_skipped(item.position, item.key, reason)
+    counts.skipped += 1
+
+
+def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: str, progress: bool) -> _Counts:
+    from tqdm import tqdm
+
+    counts = _Counts()
+    name = os.path.basename(dst.rstrip(os.sep))
+    bar = tqdm(total=total, initial=start, unit="img", desc=f"pack {name}", disable=not progress, file=sys.stderr)
+    with bar:
+        for item in items:
+            _hand_over(sink, item, counts)
+            if item.data is None:
+                bar.set_postfix(skipped=counts.skipped, refresh=False)
+            bar.update(1)
+    return counts
+
+
+def _fingerprint(source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int) -> dict[str, Any]:
+    total = len(source)
+    picks = sorted({round(i * (total - 1) / (_KEY_SAMPLES - 1)) for i in range(_KEY_SAMPLES)}) if total else []
+    digest = hashlib.sha256("\n".join(source.key(i) for i in picks).encode("utf-8", "surrogateescape")).hexdigest()
+    fingerprint: dict[str, Any] = {
+        "source": {"kind": kind, "count": total, "keys_sha256": digest},
+        "output": output,
+        "resize_max_side": options.resize_max_side,
+        "quality": options.quality,
+    }
+    if output == "tar":
+        fingerprint["shard_size"] = shard_size
+    return fingerprint
+
+
+def _open_sink(
+    dst: str, output: str, fingerprint: dict[str, Any], shard_size: int, commit_every: int, map_size: int
+) -> Sink:
+    if output == "lmdb":
+        return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every)
+    from fastloader.formats.tar_sink import TarShardSink
+
+    sink: Sink = TarShardSink(dst, fingerprint, shard_size=shard_size)
+    return sink
+
+
+def _abandon(sink: Sink) -> None:
+    """Keep what an interrupted pack handed over, if the sink still can, and close it."""
+    with contextlib.suppress(Exception):
+        sink.checkpoint()
+    sink.close()
+
+
+def report_path(dst: str | os.PathLike[str]) -> str:
+    """Where the list of skipped items goes: ``<DST>.skipped.tsv``, beside the output."""
+    return os.fspath(dst).rstrip(os.sep) + ".skipped.tsv"
+
+
+def _write_report(path: str, skipped: list[Skipped]) -> None:
+    from fastloader.storage import atomic_write_bytes
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
+    lines = ["position\tkey\treason"] + [f"{s.position}\t{cell(s.key)}\t{cell(s.reason)}" for s in skipped]
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+
+
+@dataclass(frozen=True)
+class PackSummary:
+    """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run."""
+
+    src: str
+    dst: str
+    format: str
+    total: int  # items in the source
+    resumed_from: int  # the first source position this run handled (0: a fresh pack)
+    packed_now: int  # images this run wrote
+    skipped: tuple[Skipped, ...] = field(default_factory=tuple)
+    bytes_in: int = 0  # encoded bytes of the images this run wrote, as read
+    bytes_out: int = 0  # and as written
+    elapsed_s: float = 0.0
+    report_path: str | None = None
+
+    @property
+    def packed(self) -> int:
+        return self.total - len(self.skipped)
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.total - self.resumed_from) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """Skipped items counted by reason (its kind and exception type, e.g. ``undecodable: OSError``)."""
+        return dict(Counter(": ".join(item.reason.split(": ", 2)[:2]) for item in self.skipped).most_common())
+
+    def format_text(self) -> str:
+        mb_in, mb_out = self.bytes_in / 1e6, self.bytes_out / 1e6
+        lines = [f"packed {self.packed:,} of {self.total:,} images into {self.dst} ({self.format})"]
+        if self.resumed_from == self.total:
+            lines.append("  already complete: nothing to do")
+        elif self.resumed_from:
+            lines.append(f"  resumed at item {self.resumed_from:,}")
+        lines.append(
+            f"  this run: {self.packed_now:,} images in {self.elapsed_s:.1f} s ({self.images_per_s:,.0f} images/s), "
+            f"read {mb_in:,.1f} MB, wrote {mb_out:,.1f} MB"
+        )
+        if self.skipped:
+            lines.append(f"  skipped {len(self.skipped):,} (listed in {self.report_path}):")
+            lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        extra = {"packed": self.packed, "images_per_s": self.images_per_s, "by_reason": self.skipped_by_reason()}
+        return {**asdict(self), **extra}
+
+
+def _check_options(output: str, resize_max_side: int | None, quality: int | None, workers: int | None) -> None:
+    if output not in OUTPUT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(OUTPUT_FORMATS)}, got {output!r}")
+    if resize_max_side is not None and (not isinstance(resize_max_side, int) or resize_max_side < 1):
+        raise ValueError(f"resize_max_side must be a positive integer or None, got {resize_max_side!r}")
+    if quality is not None and (not isinstance(quality, int) or not 1 <= quality <= 100):
+        raise ValueError(f"quality must be an integer from 1 to 100 or None, got {quality!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be a non-negative integer or None, got {workers!r}")
+
+
+def pack(
+    src: str | os.PathLike[str] | Source,
+    dst: str | os.PathLike[str],
+    *,
+    format: str = "lmdb",
+    resize_max_side: int | None = None,
+    quality: int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    src_format: str = "auto",
+    root: str | None = None,
+    shard_size: int = 10000,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    map_size: int = DEFAULT_MAP_SIZE,
+) -> PackSummary:
+    """Pack ``src`` (a path, or any :class:`Source`) into ``dst``; resume it if an earlier run was cut short.
+
+    ``format``: ``lmdb`` or ``tar`` (shards of ``shard_size``). ``workers``: reader processes
+    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
+    (default: guessed, see :func:`detect_source_kind`); ``root``: the base of a file list's
+    relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
+    size (it grows by itself). A progress bar goes to stderr when ``progress``.
+    """
+    _check_options(format, resize_max_side, quality, workers)
+    dst = os.fspath(dst)
+    options = ReencodeOptions(resize_max_side, quality)
+    if isinstance(src, Source):
+        source, kind, src_name = src, type(src).__name__, type(src).__name__
+    else:
+        src_name = os.fspath(src)
+        source, kind = open_source(src_name, src_format, root=root)
+    workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    fingerprint = _fingerprint(source, kind, format, options, shard_size)
+    started = time.monotonic()
+    with _reader_pool(source, options, workers) as pool:
+        sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size)
+        try:
+            start = sink.resume_position()
+            items = _prepared(source, options, pool, start, workers)
+            counts = _copy(items, sink, len(source), start, dst, progress)
+            skipped = sink.skipped()
+            classes = getattr(source, "classes", None)
+            sink.finish(None if classes is None else list(classes), {"source": src_name, "source_kind": kind})
+        except BaseException:
+            _abandon(sink)
+            raise
+    report = None
+    if skipped:
+        report = report_path(dst)
+        _write_report(report, skipped)
+    return PackSummary(
+        src_name,
+        dst,
+        format,
+        total=len(source),
+        resumed_from=start,
+        packed_now=counts.packed,
+        skipped=tuple(skipped),
+        bytes_in=counts.bytes_in,
+        bytes_out=counts.bytes_out,
+        elapsed_s=time.monotonic() - started,
+        report_path=report,
+    )
