@@ -88,7 +88,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack import DEFAULT_QUALITY, SOURCE_KINDS
+    from fastloader.pack import SOURCE_KINDS
+    from fastloader.pack_readers import DEFAULT_QUALITY
 
     pack = commands.add_parser(
         "pack",

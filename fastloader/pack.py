@@ -35,44 +35,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import io
-import multiprocessing
 import os
-import signal
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from fastloader.datasets.base import Source
 from fastloader.formats.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
+from fastloader.pack_readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
 from fastloader.pack_sink import Sink, Skipped
 
 OUTPUT_FORMATS = ("lmdb", "tar")
-DEFAULT_QUALITY = 90
-_CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
 _KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
-
-
-@dataclass(frozen=True)
-class ReencodeOptions:
-    resize_max_side: int | None = None
-    quality: int | None = None
-
-
-class Prepared(NamedTuple):
-    """One source item, ready for the sink; ``data`` is None when it is skipped for ``reason``."""
-
-    position: int
-    key: str
-    label: int
-    data: bytes | None
-    reason: str
-    bytes_in: int
 
 
 def detect_source_kind(src: str) -> str:
@@ -123,130 +100,6 @@ def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tup
     return source, kind
 
 
-def _fit(width: int, height: int, limit: int) -> tuple[int, int]:
-    scale = limit / max(width, height)
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def reencode(data: bytes, options: ReencodeOptions) -> bytes:
-    """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring)."""
-    from PIL import Image
-
-    image: Image.Image = Image.open(io.BytesIO(data))
-    width, height = image.size
-    limit = options.resize_max_side
-    shrink = limit is not None and max(width, height) > limit
-    if not shrink and options.quality is None:
-        image.draft("L", (max(1, width // 8), max(1, height // 8)))  # JPEG only; others decode fully
-        image.load()
-        return data
-    size = _fit(width, height, limit) if shrink and limit is not None else (width, height)
-    if shrink:
-        # DCT-scale to at least twice the target, then resample: as PIL's thumbnail(reducing_gap=2),
-        # indistinguishable from a full decode and several times cheaper.
-        image.draft("RGB", (2 * size[0], 2 * size[1]))
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # as decode_pil: the documented path for palette transparency
-    image = image.convert("RGB") if image.mode != "RGB" else image
-    image.load()
-    if image.size != size:
-        image = image.resize(size, Image.Resampling.BICUBIC)
-    out = io.BytesIO()
-    image.save(out, format="JPEG", quality=options.quality or DEFAULT_QUALITY)
-    if not shrink and out.tell() >= len(data):
-        return data
-    return out.getvalue()
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".replace("\n", " ").replace("\t", " ")
-
-
-def prepare_item(source: Source, position: int, options: ReencodeOptions) -> Prepared:
-    """Read, check and re-encode the item at ``position``; any failure becomes a skip reason."""
-    key = f"#{position}"
-    # Errors are caught broadly on purpose: sources and PIL's plugins raise many exception types
-    # for bad files, and one bad file must never abort a pack of many hours.
-    try:
-        key = source.key(position)
-        data = source.read(position)
-        label = int(source.label(position))
-    except Exception as error:
-        return Prepared(position, key, -1, None, f"unreadable: {_describe(error)}", 0)
-    if not data:
-        return Prepared(position, key, label, None, "empty: 0 bytes", 0)
-    try:
-        packed = reencode(data, options)
-    except Exception as error:
-        return Prepared(position, key, label, None, f"undecodable: {_describe(error)}", len(data))
-    return Prepared(position, key, label, packed, "", len(data))
-
-
-# One reader process's source and options, set once by the pool initializer.
-_worker: tuple[Source, ReencodeOptions] | None = None
-
-
-def _init_worker(source: Source, options: ReencodeOptions) -> None:
-    global _worker
-    _worker = (source, options)
-    # Ctrl-C reaches the whole process group: the main process handles it and closes the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _prepare_range(start: int, stop: int) -> list[Prepared]:
-    if _worker is None:
-        raise RuntimeError("pack reader process used before its initializer ran")
-    source, options = _worker
-    return [prepare_item(source, position, options) for position in range(start, stop)]
-
-
-@contextlib.contextmanager
-def _reader_pool(source: Source, options: ReencodeOptions, workers: int) -> Iterator[ProcessPoolExecutor | None]:
-    """Reader processes, all started before the caller opens its output (so that none is forked after).
-
-    An executor rather than ``multiprocessing.Pool``: when a reader dies (killed, out of memory, a
-    crash in a decoder) Pool waits forever for its lost task; the executor reports it.
-    """
-    if workers == 0:
-        yield None
-        return
-    context = multiprocessing.get_context()
-    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(source, options))
-    try:
-        executor.submit(os.getpid).result()  # the first task starts every reader
-        yield executor
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _results(future: Future[list[Prepared]], low: int) -> list[Prepared]:
-    try:
-        return future.result()
-    except BrokenProcessPool as error:
-        raise RuntimeError(
-            f"a reader process died (killed, out of memory or crashed in a decoder) while preparing source "
-            f"positions {low}..{low + _CHUNK - 1}; run the same command again to resume"
-        ) from error
-
-
-def _prepared(
-    source: Source, options: ReencodeOptions, pool: ProcessPoolExecutor | None, start: int, workers: int
-) -> Iterator[Prepared]:
-    """Every item from ``start`` on, prepared by the readers (or here when there are none), in order."""
-    total = len(source)
-    if pool is None:
-        for position in range(start, total):
-            yield prepare_item(source, position, options)
-        return
-    pending: deque[tuple[Future[list[Prepared]], int]] = deque()
-    for low in range(start, total, _CHUNK):
-        pending.append((pool.submit(_prepare_range, low, min(low + _CHUNK, total)), low))
-        if len(pending) >= 2 * workers + 2:
-            yield from _results(*pending.popleft())
-    while pending:
-        yield from _results(*pending.popleft())
-
-
 @dataclass
 class _Counts:
     packed: int = 0
@@ -262,7 +115,7 @@ def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
         try:
             sink.add(item.position, item.key, item.label, item.data)
         except ValueError as error:  # an output that cannot hold this image (tar: an unknown format)
-            reason = f"rejected: {_describe(error)}"
+            reason = f"rejected: {describe_error(error)}"
         else:
             counts.packed += 1
             counts.bytes_in += item.bytes_in
@@ -429,11 +282,11 @@ def pack(
     workers = len(os.sched_getaffinity(0)) if workers is None else workers
     fingerprint = _fingerprint(source, kind, format, options, shard_size)
     started = time.monotonic()
-    with _reader_pool(source, options, workers) as pool:
+    with reader_pool(source, options, workers) as pool:
         sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size)
         try:
             start = sink.resume_position()
-            items = _prepared(source, options, pool, start, workers)
+            items = prepared(source, options, pool, start, workers)
             counts = _copy(items, sink, len(source), start, dst, progress)
             skipped = sink.skipped()
             classes = getattr(source, "classes", None)

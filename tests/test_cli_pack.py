@@ -16,10 +16,10 @@ import pytest
 
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.lmdb_sink import LMDBSink
-from fastloader.pack import ReencodeOptions, reencode
+from fastloader.pack_readers import ReencodeOptions, reencode
 from fastloader.verify import verify
 from tests.helpers import wait_until
-from tests.test_pack import packed_items, write_image_folder
+from tests.images import packed_items, write_image_folder
 
 CLI = [sys.executable, "-m", "fastloader.cli"]
 

@@ -12,7 +12,7 @@ from fastloader.errors import FormatError
 from fastloader.formats import lmdb_records as records
 from fastloader.pack import pack
 from fastloader.verify import verify
-from tests.test_pack import write_image_folder
+from tests.images import write_image_folder
 
 
 @pytest.fixture(scope="module")

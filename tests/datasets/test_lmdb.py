@@ -19,7 +19,7 @@ from fastloader.datasets.lmdb import LMDBDataset, LMDBSource
 from fastloader.errors import FormatError
 from fastloader.formats import lmdb_records as records
 from fastloader.pack import pack
-from tests.test_pack import write_image_folder
+from tests.images import write_image_folder
 
 
 def digest(data: bytes, key: str) -> str:

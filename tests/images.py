@@ -1,0 +1,47 @@
+"""Real image files for tests: small, unique, and in the modes and formats real datasets hold."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from fastloader.datasets.lmdb import LMDBSource
+
+# The oddities real datasets hold, in turn: PIL mode and file format of image i is KINDS[i % 6].
+KINDS = [("RGB", "JPEG"), ("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
+
+
+def image_bytes(index: int, seed: int = 0) -> bytes:
+    """A small, unique, real image: noise of varied size, mode and format."""
+    rng = np.random.default_rng([seed, index])
+    mode, fmt = KINDS[index % len(KINDS)]
+    width, height = int(rng.integers(20, 72)), int(rng.integers(20, 72))
+    image = Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)).convert(mode)
+    out = io.BytesIO()
+    image.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def write_image_folder(root: Path, count: int = 36, classes: int = 3, seed: int = 0) -> list[tuple[str, int, bytes]]:
+    """``root/class_K/NNNN.jpg`` (PNGs named .jpg included, as crawled data has them).
+
+    Returns ``(key, label, bytes)`` in the order a packed folder holds them: classes sorted, then files.
+    """
+    items = []
+    for index in range(count):
+        label = index % classes
+        key = f"class_{label}/{index:04d}.jpg"
+        data = image_bytes(index, seed)
+        (root / f"class_{label}").mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+        items.append((key, label, data))
+    return sorted(items, key=lambda item: (item[1], item[0]))
+
+
+def packed_items(path: Path) -> list[tuple[str | None, int, bytes]]:
+    """``(source key, label, bytes)`` of every record of a pack, in record order."""
+    source = LMDBSource(path)
+    return [(source.source_key(i), source.label(i), source.read(i)) for i in range(len(source))]
