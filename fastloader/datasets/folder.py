@@ -60,12 +60,14 @@ class _Entries:
     labels: np.ndarray
 
 
-def _open_entries(index_path: str, kind: str, build_id: str) -> _Entries:
+def _open_entries(index_path: str, kind: str, samples_digest: str) -> _Entries:
     index = read_index(index_path, kind, FORMAT_VERSION)
-    if IndexMeta.of(index).build_id != build_id:
-        # A rank with rebuild=True, or a changed tree, replaced it after our dataset was made:
-        # reading it would silently shift every sample.
-        raise FormatError(f"{index_path}: the index was rebuilt after this dataset was created; create it again")
+    if IndexMeta.of(index).samples_digest != samples_digest:
+        # The tree changed and the index was rebuilt after our dataset was made: reading it would
+        # silently shift samples. (A rebuild listing the same samples has the same id.)
+        raise FormatError(
+            f"{index_path}: the folder changed and its index was rebuilt after this dataset was made; make it again"
+        )
     arrays = index.arrays
     return _Entries(np.asarray(arrays["keys"]), np.asarray(arrays["key_offsets"]), np.asarray(arrays["labels"]))
 
@@ -80,9 +82,9 @@ class _IndexedFiles:
     index_path: str
 
     def _attach(self, index: IndexFile, kind: str) -> None:
-        build_id = IndexMeta.of(index).build_id
+        samples_digest = IndexMeta.of(index).samples_digest
         self._length = len(index.arrays["key_offsets"]) - 1
-        self._entries = ProcessLocal(functools.partial(_open_entries, self.index_path, kind, build_id))
+        self._entries = ProcessLocal(functools.partial(_open_entries, self.index_path, kind, samples_digest))
 
     def __len__(self) -> int:
         return self._length

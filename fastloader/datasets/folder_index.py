@@ -40,7 +40,6 @@ import hashlib
 import logging
 import os
 import time
-import uuid
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,7 +69,7 @@ class IndexMeta:
     settings: str | None  # what else decides the content; None: cannot be compared, never reused
     classes: tuple[str, ...]
     scanned_at_ns: int  # wall clock when the scan started
-    build_id: str  # unique per build: workers check they reopened the index their parent loaded
+    samples_digest: str  # content_id(): workers check they reopened an index listing the same samples
 
     @classmethod
     def of(cls, index: IndexFile) -> IndexMeta:
@@ -216,8 +215,8 @@ def scan_folder(
     with ThreadPoolExecutor(workers) as pool:
         jobs = pool.map(lambda name: scan_class(root, name, is_valid_file, root_identity), classes)
         scans = list(tqdm(jobs, total=len(classes), desc=f"indexing {root}", unit="class", disable=None))
-    meta = IndexMeta(os.path.realpath(root), settings, tuple(classes), started, uuid.uuid4().hex)
-    return meta, assemble_folder_arrays(os.path.abspath(root), root_stat.st_mtime_ns, scans)
+    arrays = assemble_folder_arrays(os.path.abspath(root), root_stat.st_mtime_ns, scans)
+    return IndexMeta(os.path.realpath(root), settings, tuple(classes), started, content_id(arrays)), arrays
 
 
 def scan_class(
@@ -328,8 +327,7 @@ def parse_file_list(list_path: str) -> tuple[IndexMeta, dict[str, np.ndarray]]:
     np.cumsum(np.frombuffer(key_lengths, dtype=np.int64), out=key_offsets[1:])
     label_array = np.frombuffer(labels, dtype=np.int64)
     watched, watched_offsets = pack_strings([real])
-    meta = IndexMeta(real, LIST_SETTINGS, (), started, uuid.uuid4().hex)
-    return meta, {
+    arrays: dict[str, np.ndarray] = {
         "keys": np.frombuffer(bytes(keys), dtype=np.uint8),
         "key_offsets": key_offsets,
         "labels": label_array,
@@ -338,6 +336,19 @@ def parse_file_list(list_path: str) -> tuple[IndexMeta, dict[str, np.ndarray]]:
         "watched_offsets": watched_offsets,
         "watched_mtime_ns": np.array([mtime_ns], dtype=np.int64),
     }
+    return IndexMeta(real, LIST_SETTINGS, (), started, content_id(arrays)), arrays
+
+
+def content_id(arrays: dict[str, np.ndarray]) -> str:
+    """A digest of the samples an index lists (paths and labels, in order).
+
+    Workers compare it with their parent's: a rebuild that lists the same samples (another rank's,
+    or one forced by coarse timestamps) is harmless, one that lists others is an error.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for name in ("keys", "key_offsets", "labels"):
+        digest.update(np.ascontiguousarray(arrays[name]).data)
+    return digest.hexdigest()
 
 
 def _list_rows(list_path: str) -> Iterator[tuple[str, str, str]]:

@@ -43,10 +43,10 @@ def age(root: Path) -> None:
         os.utime(directory, (past, past))
 
 
-def build_id(source: FolderSource | FileListSource) -> str:
-    """The id of the index file as it is now: call right after constructing ``source``."""
+def build_id(source: FolderSource | FileListSource) -> int:
+    """When the index file as it is now was scanned (unique per build): call right after constructing ``source``."""
     kind = FOLDER_KIND if isinstance(source, FolderSource) else "filelist"
-    return IndexMeta.of(read_index(source.index_path, kind, FORMAT_VERSION)).build_id
+    return IndexMeta.of(read_index(source.index_path, kind, FORMAT_VERSION)).scanned_at_ns
 
 
 def only_png(path: str) -> bool:
@@ -162,12 +162,21 @@ def test_pickle_carries_the_path_not_the_arrays(tmp_path: Path) -> None:
     assert len(clone) == 6000 and clone.key(3000) == "b/00000.jpg" and clone.label(3000) == 1
 
 
-def test_a_reader_of_a_replaced_index_fails_clearly(tmp_path: Path) -> None:
+def test_a_reader_of_a_rebuilt_index_listing_other_files_fails_clearly(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "data", {"a": 2})
     stale = pickle.loads(pickle.dumps(FolderSource(root)))
+    (root / "a" / "00000.jpg").rename(root / "a" / "zzz.jpg")
     FolderSource(root, rebuild=True)
-    with pytest.raises(FormatError, match="rebuilt after this dataset was created"):
+    with pytest.raises(FormatError, match="index was rebuilt after this dataset was made"):
         stale.key(0)
+
+
+def test_a_rebuild_listing_the_same_files_does_not_disturb_readers(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "data", {"a": 2})
+    source = FolderSource(root)
+    copy = pickle.loads(pickle.dumps(source))  # as a worker receives it
+    FolderSource(root, rebuild=True)  # e.g. another rank, or a rebuild forced by coarse timestamps
+    assert [copy.key(i) for i in range(2)] == [source.key(i) for i in range(2)]
 
 
 def test_a_symlink_loop_is_not_followed_forever(tmp_path: Path) -> None:
