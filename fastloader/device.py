@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,18 +93,30 @@ class InFlight:
 class CudaCopier:
     """Copies batches to one CUDA device on one side stream (see the module docstring)."""
 
-    def __init__(self, device: torch.device, non_blocking: bool) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        non_blocking: bool,
+        prepare: Callable[[Any], Any] | None = None,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
         if device.type != "cuda":
             raise ValueError(f"CudaCopier needs a CUDA device, got {device}")
         self.device = device
         self.non_blocking = non_blocking
+        self.prepare = prepare  # on the side stream, before the copy (GPU decode)
+        self.finish = finish  # on the side stream, after the copy (float + normalize)
         self.stream = torch.cuda.Stream(device=device)
 
     def send(self, batch: Any, consumer: torch.cuda.Stream) -> InFlight:
         """Queue the copy of ``batch`` (producer thread)."""
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self.stream.wait_stream(consumer)
+            if self.prepare is not None:
+                batch = self.prepare(batch)
             moved = map_tensors(batch, self._copy)
+            if self.finish is not None:
+                moved = self.finish(moved)
             ready = torch.cuda.Event()
             ready.record(self.stream)
         return InFlight(moved, ready)

@@ -10,8 +10,9 @@ Data flow of one epoch::
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -19,6 +20,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fastloader.background import BackgroundGenerator
 from fastloader.device import CudaCopier, DeviceLike, on_device, resolve_device
+from fastloader.gpu_decode import decode_encoded
+from fastloader.normalize import Normalizer, NormalizeSpec
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -36,6 +39,15 @@ class DataLoaderX(DataLoader[T_co]):
             present, else the CPU (then nothing is copied, only prefetched).
         max_prefetch: batches held ready ahead of the training loop (a bounded queue).
         non_blocking: copy asynchronously (needs ``pin_memory=True`` to overlap with compute).
+        normalize: ``(mean, std)`` in [0, 1] units, as torchvision's Normalize after ToTensor: uint8
+            image batches (N×C×H×W) become ``normalize_dtype`` and are normalized after the copy,
+            on the GPU (on the CPU without CUDA).
+        normalize_dtype: float32 (default), float16, bfloat16 or float64.
+        channels_last: deliver normalized images in channels_last memory format.
+        random_flip: probability of flipping each image horizontally, on the device.
+        decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream; the
+            dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
+            encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning.
     """
 
     def __init__(
@@ -62,9 +74,23 @@ class DataLoaderX(DataLoader[T_co]):
         device: DeviceLike | None = None,
         max_prefetch: int = 2,
         non_blocking: bool = True,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        normalize_dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        random_flip: float = 0.0,
+        decode_on: str = "cpu",
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1, got {max_prefetch!r}")
+        if decode_on not in ("cpu", "cuda"):
+            raise ValueError(f"decode_on must be 'cpu' or 'cuda', got {decode_on!r}")
+        normalize_spec = NormalizeSpec.create(normalize, normalize_dtype, channels_last, random_flip)
+        if collate_fn is None and (batch_size is not None or batch_sampler is not None):
+            # Takes fastloader datasets' pre-assembled uint8 batches as they are (no copy) and
+            # falls back to default_collate for everything else: the same batches as torch.
+            from fastloader.batching import collate
+
+            collate_fn = collate
         super().__init__(
             dataset,
             batch_size,
@@ -89,7 +115,15 @@ class DataLoaderX(DataLoader[T_co]):
         self.device = resolve_device(local_rank, device)
         self.max_prefetch = max_prefetch
         self.non_blocking = non_blocking
+        self.normalize = normalize
+        self.normalize_dtype = normalize_dtype
+        self.channels_last = channels_last
+        self.random_flip = random_flip
+        self.decode_on = decode_on
+        self._normalize_spec = normalize_spec
+        self._gpu_decode = _setup_decode(dataset, decode_on, self.device)
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
+        self._cpu_finish: Normalizer | None = None
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
@@ -102,7 +136,9 @@ class DataLoaderX(DataLoader[T_co]):
                 previous.close()
         with on_device(self.device):  # torch's pin-memory thread pins for the current device
             source = super().__iter__()
-        iterator = _PrefetchIterator(source, self._get_copier(), self.max_prefetch, owns_workers=not persistent)
+        iterator = _PrefetchIterator(
+            source, self._get_copier(), self._get_cpu_finish(), self.max_prefetch, owns_workers=not persistent
+        )
         self._live = weakref.ref(iterator)
         return iterator
 
@@ -110,8 +146,19 @@ class DataLoaderX(DataLoader[T_co]):
         if self.device.type != "cuda":
             return None
         if self._copier is None:
-            self._copier = CudaCopier(self.device, self.non_blocking)
+            spec = self._normalize_spec
+            finish = Normalizer(spec, self.device) if spec is not None else None
+            prepare = functools.partial(decode_encoded, device=self.device) if self._gpu_decode else None
+            self._copier = CudaCopier(self.device, self.non_blocking, prepare, finish)
         return self._copier
+
+    def _get_cpu_finish(self) -> Normalizer | None:
+        """Without CUDA, the same normalization runs in the producer thread."""
+        if self.device.type == "cuda" or self._normalize_spec is None:
+            return None
+        if self._cpu_finish is None:
+            self._cpu_finish = Normalizer(self._normalize_spec, self.device)
+        return self._cpu_finish
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``set_epoch`` to the sampler, the batch sampler (and its sampler) and the dataset."""
@@ -128,6 +175,7 @@ class DataLoaderX(DataLoader[T_co]):
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
         state["_copier"] = None
+        state["_cpu_finish"] = None
         state["_live"] = None
         return state
 
@@ -139,10 +187,19 @@ class _PrefetchIterator(Iterator[Any]):
     stops (end of epoch, error, close), so no two threads ever drive the iterator at once.
     """
 
-    def __init__(self, source: Iterator[Any], copier: CudaCopier | None, max_prefetch: int, owns_workers: bool) -> None:
+    def __init__(
+        self,
+        source: Iterator[Any],
+        copier: CudaCopier | None,
+        cpu_finish: Normalizer | None,
+        max_prefetch: int,
+        owns_workers: bool,
+    ) -> None:
         self._source = source
         self._copier = copier
         produced: Iterator[Any] = _drain(source, owns_workers)
+        if cpu_finish is not None:
+            produced = map(cpu_finish, produced)
         if copier is not None:
             consumer = torch.cuda.current_stream(copier.device)
             produced = map(functools.partial(copier.send, consumer=consumer), produced)
@@ -177,6 +234,24 @@ class _PrefetchIterator(Iterator[Any]):
             self.close()
         except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
             pass
+
+
+def _setup_decode(dataset: Any, decode_on: str, device: torch.device) -> bool:
+    """Switch ``dataset`` to sending encoded images for GPU decode; True when that is on."""
+    if decode_on == "cpu":
+        return False
+    if device.type != "cuda":
+        warnings.warn(
+            f"decode_on='cuda' but batches go to {device}: decoding on the CPU instead", RuntimeWarning, stacklevel=3
+        )
+        return False
+    set_decode_device = getattr(dataset, "set_decode_device", None)
+    if not callable(set_decode_device):
+        raise ValueError(
+            f"decode_on='cuda' needs a fastloader dataset with a fastloader transform, got {type(dataset).__name__}"
+        )
+    set_decode_device("cuda")
+    return True
 
 
 def _drain(source: Iterator[Any], owns_workers: bool) -> Iterator[Any]:

@@ -149,7 +149,17 @@ def test_signature_is_torchs_plus_keyword_only_extras() -> None:
         assert ours[name].kind == param.kind, name
         assert ours[name].default == param.default, name
     extras = {name: p for name, p in ours.items() if name not in theirs}
-    assert set(extras) == {"local_rank", "device", "max_prefetch", "non_blocking"}
+    assert set(extras) == {
+        "local_rank",
+        "device",
+        "max_prefetch",
+        "non_blocking",
+        "normalize",
+        "normalize_dtype",
+        "channels_last",
+        "random_flip",
+        "decode_on",
+    }
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras.values())
 
 

@@ -13,6 +13,13 @@ those four methods::
 
     dataset = ImageDataset(MySource(...), transform=...)
 
+With a fastloader transform (``fastloader.transforms``) and the default ``loader``, the transform
+decodes the bytes itself, at the size it needs (items are uint8 C×H×W tensors), and
+``__getitems__`` writes whole batches into one buffer (``fastloader.batching``). Two switches
+work on any dataset: ``set_cache(path)`` keeps decoded images of a fixed transform for the next
+epochs (``fastloader.decoded_cache``), and ``set_decode_device("cuda")`` leaves decoding to the
+GPU (items are then ``EncodedImage`` with their crop plan).
+
 Sources must hold no per-sample Python objects (at 10M samples each worker's refcount writes
 would copy-on-write them into GBs): keep indexes in numpy arrays, ideally memory-mapped, and open
 files / environments lazily in each process (see ``ProcessLocal``).
@@ -22,13 +29,18 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
+from fastloader.batching import EncodedImage, PrecollatedBatch, allocate_batch
+from fastloader.decode import image_size
+from fastloader.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.errors import DecodeError
+from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
 
@@ -76,7 +88,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     """A map-style dataset over a :class:`Source`: item i is ``(transform(image), target_transform(label))``.
 
     ``loader`` turns encoded bytes into an image (default: RGB ``PIL.Image``, as torchvision's
-    ``ImageFolder``), so torchvision transforms work unchanged.
+    ``ImageFolder``), so torchvision transforms work unchanged. A fastloader transform instead
+    gets the encoded bytes and decodes them itself (see the module docstring); ``cache``, a path,
+    is :meth:`set_cache`.
     """
 
     def __init__(
@@ -85,6 +99,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         loader: Callable[[bytes, str], Any] = decode_pil,
+        *,
+        cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(f"source must provide __len__, read, label and key; got {type(source).__name__}")
@@ -94,12 +110,20 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self.loader = loader
         # A source may offer a richer ``target(i)`` than the int ``label(i)`` (RecordIO multi-label).
         self._target: Callable[[int], Any] = getattr(source, "target", source.label)
+        self._decode_device = "cpu"
+        self._cache: DecodedCache | None = None
+        self._cached_transform: FusedTransform | None = None
+        if cache is not None:
+            self.set_cache(cache)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = check_index(index, len(self.source))
+        fused = self._fused()
+        if fused is not None:
+            return self._fused_image(fused, index), self._label(index)
         image = self.loader(self.source.read(index), self.source.key(index))
         label = self._target(index)
         if self.transform is not None:
@@ -107,6 +131,97 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """Items ``indices`` as one :class:`~fastloader.batching.PrecollatedBatch` when the transform
+        is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
+        fused = self._fused()
+        size = fused.output_size if fused is not None else None
+        if fused is None or size is None or self._decode_device != "cpu":
+            return [self[index] for index in indices]
+        buffer = allocate_batch(len(indices), *size)
+        pixels = buffer.numpy()
+        targets = []
+        for slot, index in enumerate(indices):
+            index = check_index(index, len(self.source))
+            self._decode_into(fused, index, pixels[slot])
+            targets.append(self._label(index))
+        return PrecollatedBatch(buffer, targets)
+
+    def set_decode_device(self, device: str) -> None:
+        """Decode on ``"cpu"`` (default) or leave it to the GPU (``"cuda"``): items are then
+        ``(EncodedImage(bytes, crop plan, key), label)`` for ``fastloader.gpu_decode``."""
+        kind = device.split(":")[0] if isinstance(device, str) else None
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if kind == "cuda":
+            fused = self._fused()
+            if fused is None or fused.tail:
+                raise ValueError(
+                    f"device={device!r} needs a transform made only of fastloader.transforms (which plan the"
+                    f" crop that the GPU applies), with the default loader; got transform={self.transform!r}"
+                )
+            if self._cache is not None:
+                raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
+        self._decode_device = kind
+
+    def set_cache(self, path: str | os.PathLike[str] | None) -> None:
+        """Keep the decoded images of this fixed transform in the file ``path`` (None: no cache);
+        see ``fastloader.decoded_cache``. Call it again after changing the transform."""
+        if path is None:
+            self._cache, self._cached_transform = None, None
+            return
+        fused = self._fused()
+        if fused is None:
+            raise ValueError(f"cache needs a fastloader transform with the default loader; got {self.transform!r}")
+        if fused.is_random:
+            raise ValueError(
+                f"cache needs a fixed transform, but {fused.describe()} draws random crops or flips:"
+                " cache evaluation transforms such as Compose([Resize(256), CenterCrop(224)])"
+            )
+        size = fused.decoded_size
+        if size is None:
+            raise ValueError(f"cache needs a fixed output size (end with CenterCrop or Resize((h, w))); got {fused!r}")
+        if self._decode_device != "cpu":
+            raise ValueError("cache: a dataset that decodes on the GPU cannot cache decoded images")
+        meta = CacheMeta(len(self.source), size[0], size[1], fused.describe(), source_fingerprint(self.source))
+        self._cache = DecodedCache.open(path, meta)
+        self._cached_transform = fused
+
+    def _fused(self) -> FusedTransform | None:
+        """The transform, when it decodes encoded bytes itself (a fastloader transform, default loader)."""
+        transform = self.transform
+        if isinstance(transform, FusedTransform) and transform.steps and self.loader is decode_pil:
+            return transform
+        return None
+
+    def _label(self, index: int) -> Any:
+        label = self._target(index)
+        return label if self.target_transform is None else self.target_transform(label)
+
+    def _fused_image(self, fused: FusedTransform, index: int) -> Any:
+        if self._decode_device != "cpu":
+            data, key = self.source.read(index), self.source.key(index)
+            width, height = image_size(data, key)
+            return EncodedImage(data, fused.plan(width, height), key)
+        size = fused.decoded_size
+        if self._cache is not None and size is not None:
+            pixels = np.empty((*size, 3), dtype=np.uint8)
+            self._decode_into(fused, index, pixels)
+        else:
+            pixels = fused.decode_into(self.source.read(index), None, self.source.key(index))
+        return fused.finish(torch.from_numpy(pixels).permute(2, 0, 1))
+
+    def _decode_into(self, fused: FusedTransform, index: int, out: np.ndarray) -> None:
+        """Item ``index`` through the fused steps into ``out``, through the cache when there is one."""
+        cache = self._cache
+        if cache is not None and fused is not self._cached_transform:
+            raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
+        if cache is not None and cache.read_into(index, out):
+            return
+        fused.decode_into(self.source.read(index), out, self.source.key(index))
+        if cache is not None:
+            cache.write(index, out)
 
 
 class ProcessLocal(Generic[T]):
