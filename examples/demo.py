@@ -1,11 +1,13 @@
 """The main job on the built-in sample: make it, pack it, load it with the stock loader and with fastloader.
 
-    make demo            # or: python examples/demo.py [--images 1000] [--workers 2]
+    make demo            # or: python examples/demo.py [--images 2000] [--workers 2]
 
 1. makes the sample: ImageNet-like JPEGs cut from real photographs (``fastloader.sample``);
 2. packs it into an LMDB (``fastloader pack``; resumable, skips bad files);
-3. trains with a simulated step on batches from torchvision's ImageFolder + torch's DataLoader,
-   and from fastloader's LMDBDataset + DataLoaderX, with the same transforms and workers;
+3. trains with a simulated step on batches from torchvision's ImageFolder + transforms + torch's
+   DataLoader, and from fastloader's LMDBDataset + ``fastloader.transforms`` + DataLoaderX (the same
+   RandomResizedCrop + flip, uint8 batches, normalized after the copy: on the GPU when there is one),
+   with the same workers;
 4. prints images/s for each, and the speed-up.
 """
 
@@ -22,11 +24,13 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 from fastloader import DataLoaderX
+from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
 from fastloader.pack import pack
 from fastloader.sample import make_sample_folder
 
 ROOT = Path(__file__).resolve().parents[1]
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def images_per_second(loader: DataLoader, step_s: float, epochs: int = 2) -> float:  # type: ignore[type-arg]
@@ -35,7 +39,8 @@ def images_per_second(loader: DataLoader, step_s: float, epochs: int = 2) -> flo
     for _ in range(epochs):
         start, seen = time.perf_counter(), 0
         for images, _ in loader:
-            time.sleep(step_s)  # the GPU step: the CPU waits
+            if step_s:
+                time.sleep(step_s)  # the GPU step: the CPU waits
             seen += images.shape[0]
         best = max(best, seen / (time.perf_counter() - start))
     return best
@@ -43,13 +48,14 @@ def images_per_second(loader: DataLoader, step_s: float, epochs: int = 2) -> flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(ROOT / "data" / "sample"))
-    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--data", default=None, help="sample folder (default: data/sample-<images>)")
+    parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--step-ms", type=float, default=100.0, help="simulated training step per batch")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch")
     args = parser.parse_args()
 
+    args.data = args.data or str(ROOT / "data" / f"sample-{args.images}")
     start = time.perf_counter()
     make_sample_folder(args.data, args.images)
     print(f"sample: {args.images} ImageNet-like JPEGs in {args.data} ({time.perf_counter() - start:.1f}s)")
@@ -59,7 +65,7 @@ def main() -> None:
             transforms.RandomResizedCrop(224),
             transforms.RandomHorizontalFlip(),
             transforms.ToTensor(),
-            transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+            transforms.Normalize(mean=MEAN, std=STD),
         ]
     )
     packed = f"{args.data}.lmdb"
@@ -73,7 +79,11 @@ def main() -> None:
         "torchvision ImageFolder + torch DataLoader": DataLoader(
             torchvision.datasets.ImageFolder(args.data, transform=train_tf), **kwargs
         ),
-        "fastloader LMDBDataset + DataLoaderX": DataLoaderX(LMDBDataset(packed, transform=train_tf), **kwargs),
+        "fastloader LMDBDataset + DataLoaderX": DataLoaderX(
+            LMDBDataset(packed, transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])),
+            normalize=(MEAN, STD),
+            **kwargs,
+        ),
     }
     results = {}
     for name, loader in loaders.items():

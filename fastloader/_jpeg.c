@@ -70,6 +70,7 @@ typedef struct {
     /* Request, in full-resolution pixels. full_box: decode the whole image. */
     Py_ssize_t x0, y0, x1, y1;
     int full_box, scale, fast;
+    int bpp; /* bytes per output pixel: 3 (RGB) or 4 (RGBX, which PIL maps without a copy) */
     /* Plan, in scaled pixels: rows [row0, row1) of the scaled image; returned columns [ox, ox + out_w);
      * the decoder delivers rows of dec_w pixels of which `drop` leading ones are not returned. */
     JDIMENSION row0, row1, ox, out_w, dec_w, drop;
@@ -161,6 +162,7 @@ static void open_header(Job *job, const unsigned char *data, size_t size) {
 
 static void init_job(Job *job) {
     memset(job, 0, sizeof *job);
+    job->bpp = 3;
     job->cinfo.err = jpeg_std_error(&job->err.pub);
     job->err.pub.error_exit = on_error;
     job->err.pub.emit_message = on_message;
@@ -214,7 +216,7 @@ static void plan_columns(Job *job, JDIMENSION c0, JDIMENSION c1) {
     JDIMENSION width = cinfo->output_width, start, span, align;
     int context = needs_column_context(cinfo);
 
-    job->full_row_bytes = (size_t)width * 3;
+    job->full_row_bytes = (size_t)width * (size_t)job->bpp;
     if ((c0 == 0 && c1 == width) || !standard_sampling(cinfo)) {
         job->ox = 0;
         job->out_w = job->dec_w = width;
@@ -273,7 +275,7 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
             fail(job, FAIL_ARGUMENT, message);
         }
     }
-    cinfo->out_color_space = JCS_RGB;
+    cinfo->out_color_space = job->bpp == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned int)job->scale;
     if (job->fast) {
@@ -281,7 +283,7 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
         cinfo->do_fancy_upsampling = FALSE;
     }
     jpeg_start_decompress(cinfo);
-    if (cinfo->output_components != 3) fail(job, FAIL_UNSUPPORTED, "JPEG decoder did not produce RGB");
+    if (cinfo->output_components != job->bpp) fail(job, FAIL_UNSUPPORTED, "JPEG decoder did not produce RGB");
 
     s = (JDIMENSION)job->scale;
     if (job->full_box) {
@@ -304,7 +306,7 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
 /* Rows per jpeg_read_scanlines() call when rows go straight to their place (one call yields at most
  * one iMCU row: up to 16 rows at full size). */
 #define BATCH_ROWS 16
-#define LEAD 3 /* bytes before the first row in the output buffer: see read_rows() */
+#define LEAD 4 /* bytes before the first row in the output buffer (one pixel): see read_rows() */
 
 /* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), stop.
  *
@@ -315,13 +317,13 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
  *   upsampler, which keeps the second row of a pair in its own buffer): row r is decoded to start at
  *   its slot minus the dropped pixel, so its extra right pixels run into row r + 1's slot (written
  *   next) or into the tail slack, and its dropped pixel lands on row r - 1's last pixel (or the
- *   3 lead bytes for row 0), which is saved before and put back after. */
+ *   lead bytes for row 0), which is saved before and put back after. */
 static void read_rows(Job *job, unsigned char *out) {
     j_decompress_ptr cinfo = &job->cinfo;
-    size_t stride = (size_t)job->out_w * 3, shift = (size_t)job->drop * 3;
+    size_t stride = (size_t)job->out_w * (size_t)job->bpp, shift = (size_t)job->drop * (size_t)job->bpp;
     JDIMENSION rows = job->row1 - job->row0, r = 0, got, k, batch;
     JSAMPROW pointers[BATCH_ROWS];
-    unsigned char saved[3];
+    unsigned char saved[4];
     int stalls = 0;
 
     batch = (job->dec_w == job->out_w && !shift) ? BATCH_ROWS : 1;
@@ -384,26 +386,27 @@ static PyObject *jpeg_info(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(decode_doc,
-             "decode(data, box=None, scale_denom=1, fast=False) -> (buffer, offset, height, width, ox, oy)\n\n"
+             "decode(data, box=None, scale_denom=1, fast=False, rgbx=False) -> (buffer, offset, height, width, ox, oy)\n\n"
              "Decode box=(x0, y0, x1, y1) (full-resolution pixels; None: the whole image) at 1/scale_denom into "
-             "packed RGB rows: height * width * 3 bytes of the bytearray from offset. (ox, oy): scaled-image "
+             "packed RGB (or RGBX) rows: height * width * 3 (4) bytes of the bytearray from offset. (ox, oy): scaled-image "
              "coordinates of the first pixel. Raises ValueError for corrupt data or a bad box, "
              "NotImplementedError for JPEG variants left to PIL (CMYK, 12-bit, ...).");
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "box", "scale_denom", "fast", NULL};
+    static char *keywords[] = {"data", "box", "scale_denom", "fast", "rgbx", NULL};
     Py_buffer view;
     PyObject *box = Py_None, *buffer = NULL, *result = NULL;
     Job job;
-    int status, scale = 1, fast = 0;
+    int status, scale = 1, fast = 0, rgbx = 0;
     size_t size;
     (void)self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Oip:decode", keywords, &view, &box, &scale, &fast))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Oipp:decode", keywords, &view, &box, &scale, &fast, &rgbx))
         return NULL;
     init_job(&job);
     job.scale = scale;
     job.fast = fast;
+    job.bpp = rgbx ? 4 : 3;
     job.full_box = box == Py_None;
     if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
         PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %d", scale);
@@ -422,7 +425,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     /* Lead: the 3 bytes row 0's dropped pixel lands on; tail: room for the last row's extra right
      * pixels (at most a full uncropped row). See read_rows(). */
-    size = LEAD + (size_t)(job.row1 - job.row0) * job.out_w * 3 + job.full_row_bytes;
+    size = LEAD + (size_t)(job.row1 - job.row0) * job.out_w * (size_t)job.bpp + job.full_row_bytes;
     buffer = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
     if (buffer == NULL) goto done;
     Py_BEGIN_ALLOW_THREADS

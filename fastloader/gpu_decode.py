@@ -81,13 +81,36 @@ def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
 
 
 def _crop_resize(image: torch.Tensor, plan: Any) -> torch.Tensor:
-    x0, y0, x1, y1 = plan.box
-    crop = image[:, y0:y1, x0:x1].unsqueeze(0).float()
-    resized = torch.nn.functional.interpolate(
-        crop, size=plan.size, mode="bilinear", antialias=True, align_corners=False
-    )
-    result = resized.round_().clamp_(0, 255).to(torch.uint8)[0]
-    return result.flip(-1) if plan.flip else result
+    """Crop ``image`` (3×H×W uint8 on the GPU) to the plan's box, resize, flip; zero where the box
+    extends past the image (CenterCrop larger than the image pads, as torchvision does).
+
+    Antialiased bilinear interpolation, as torchvision's CPU path; the result differs from the CPU
+    decode by a level or two on average (IDCT and resampler implementations differ).
+    """
+    from fastloader.transforms.geometry import visible_region
+
+    height, width = image.shape[1:]
+    out = torch.zeros((3, *plan.size), dtype=torch.uint8, device=image.device)
+    region = visible_region(plan, width, height)
+    if region is None:
+        return out
+    (sx0, sy0, sx1, sy1), (u0, v0, u1, v1) = region
+    if all(float(v).is_integer() for v in (sx0, sy0, sx1, sy1)):
+        # A whole-pixel box (RandomResizedCrop): crop, then resize the crop, as torchvision does.
+        crop = image[:, int(sy0) : int(sy1), int(sx0) : int(sx1)].unsqueeze(0).float()
+        pixels = _resize(crop, (v1 - v0, u1 - u0))
+    else:
+        # A fractional box comes from Resize + CenterCrop: resize the whole image, then crop whole pixels.
+        scale_x, scale_y = (u1 - u0) / (sx1 - sx0), (v1 - v0) / (sy1 - sy0)
+        full = _resize(image.unsqueeze(0).float(), (round(height * scale_y), round(width * scale_x)))
+        top, left = round(sy0 * scale_y), round(sx0 * scale_x)
+        pixels = full[:, :, top : top + v1 - v0, left : left + u1 - u0]
+    out[:, v0:v1, u0:u1] = pixels.round_().clamp_(0, 255).to(torch.uint8)[0]
+    return out.flip(-1) if plan.flip else out
+
+
+def _resize(batch: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    return torch.nn.functional.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
 def _decode_on_cpu(item: Any) -> torch.Tensor:

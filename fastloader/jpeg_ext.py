@@ -67,23 +67,24 @@ def jpeg_info(data: bytes) -> tuple[int, int, int]:
     return int(width), int(height), int(components)
 
 
-def _run(data: bytes, box: tuple[int, int, int, int] | None, scale_denom: int, fast: bool) -> Any:
+def _run(data: bytes, box: tuple[int, int, int, int] | None, scale_denom: int, fast: bool, rgbx: bool = False) -> Any:
     if scale_denom not in SCALE_DENOMS:
         raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
     try:
-        return _module().decode(data, box, scale_denom, bool(fast))
+        return _module().decode(data, box, scale_denom, bool(fast), bool(rgbx))
     except NotImplementedError as error:
         raise UnsupportedJPEGError(str(error)) from None
 
 
-def _array(buffer: bytearray, offset: int, height: int, width: int) -> np.ndarray:
+def _array(buffer: bytearray, offset: int, height: int, width: int, channels: int = 3) -> np.ndarray:
     # The bytearray carries a few bytes of slack around the pixels (see read_rows in _jpeg.c): frombuffer
     # views the packed pixels without a copy, writable because a bytearray is.
-    return np.frombuffer(buffer, dtype=np.uint8, count=height * width * 3, offset=offset).reshape(height, width, 3)
+    pixels = np.frombuffer(buffer, dtype=np.uint8, count=height * width * channels, offset=offset)
+    return pixels.reshape(height, width, channels)
 
 
 def decode_region(
-    data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False
+    data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode box=(x0, y0, x1, y1) (full-resolution pixels) at 1/scale_denom into RGB uint8 (H', W', 3).
 
@@ -91,12 +92,14 @@ def decode_region(
     the second value is (ox, oy), the scaled-image coordinates of pixel [0, 0], so the box in array
     coordinates is (x0 / scale_denom - ox, y0 / scale_denom - oy, x1 / scale_denom - ox, ...).
     Only the box's rows are colour-converted; the rows below it are not even entropy-decoded.
+    ``rgbx``: 4 bytes per pixel (the 4th unspecified), the layout PIL stores RGB in, so that
+    ``Image.frombuffer("RGBX", ...)`` wraps the pixels without a copy.
     """
     if len(box) != 4:
         raise ValueError(f"box must be (x0, y0, x1, y1), got {box!r}")
     x0, y0, x1, y1 = box
-    buffer, offset, height, width, ox, oy = _run(data, (x0, y0, x1, y1), scale_denom, fast)
-    return _array(buffer, offset, height, width), (ox, oy)
+    buffer, offset, height, width, ox, oy = _run(data, (x0, y0, x1, y1), scale_denom, fast, rgbx)
+    return _array(buffer, offset, height, width, 4 if rgbx else 3), (ox, oy)
 
 
 def decode(data: bytes, scale_denom: int = 1, fast: bool = False) -> np.ndarray:

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_convert
 
 from fastloader.background import BackgroundGenerator
 from fastloader.device import CudaCopier, DeviceLike, on_device, resolve_device
 from fastloader.gpu_decode import decode_encoded
-from fastloader.normalize import Normalizer, NormalizeSpec
+from fastloader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -85,12 +85,18 @@ class DataLoaderX(DataLoader[T_co]):
         if decode_on not in ("cpu", "cuda"):
             raise ValueError(f"decode_on must be 'cpu' or 'cuda', got {decode_on!r}")
         normalize_spec = NormalizeSpec.create(normalize, normalize_dtype, channels_last, random_flip)
+        target = resolve_device(local_rank, device)
+        if isinstance(collate_fn, NormalizingCollate):
+            collate_fn = collate_fn.inner  # a loader rebuilt from our attributes (Lightning): no double normalization
         if collate_fn is None and (batch_size is not None or batch_sampler is not None):
             # Takes fastloader datasets' pre-assembled uint8 batches as they are (no copy) and
             # falls back to default_collate for everything else: the same batches as torch.
             from fastloader.batching import collate
 
             collate_fn = collate
+        if normalize_spec is not None and target.type != "cuda":
+            # No GPU: normalize where torch's loader does, in the workers, in parallel.
+            collate_fn = NormalizingCollate(collate_fn or default_convert, normalize_spec)
         super().__init__(
             dataset,
             batch_size,
@@ -112,7 +118,7 @@ class DataLoaderX(DataLoader[T_co]):
         )
         self.shuffle = shuffle  # torch does not keep it; Lightning and accelerate look for it
         self.local_rank = local_rank
-        self.device = resolve_device(local_rank, device)
+        self.device = target
         self.max_prefetch = max_prefetch
         self.non_blocking = non_blocking
         self.normalize = normalize
@@ -123,7 +129,6 @@ class DataLoaderX(DataLoader[T_co]):
         self._normalize_spec = normalize_spec
         self._gpu_decode = _setup_decode(dataset, decode_on, self.device)
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
-        self._cpu_finish: Normalizer | None = None
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
@@ -136,9 +141,7 @@ class DataLoaderX(DataLoader[T_co]):
                 previous.close()
         with on_device(self.device):  # torch's pin-memory thread pins for the current device
             source = super().__iter__()
-        iterator = _PrefetchIterator(
-            source, self._get_copier(), self._get_cpu_finish(), self.max_prefetch, owns_workers=not persistent
-        )
+        iterator = _PrefetchIterator(source, self._get_copier(), self.max_prefetch, owns_workers=not persistent)
         self._live = weakref.ref(iterator)
         return iterator
 
@@ -151,14 +154,6 @@ class DataLoaderX(DataLoader[T_co]):
             prepare = functools.partial(decode_encoded, device=self.device) if self._gpu_decode else None
             self._copier = CudaCopier(self.device, self.non_blocking, prepare, finish)
         return self._copier
-
-    def _get_cpu_finish(self) -> Normalizer | None:
-        """Without CUDA, the same normalization runs in the producer thread."""
-        if self.device.type == "cuda" or self._normalize_spec is None:
-            return None
-        if self._cpu_finish is None:
-            self._cpu_finish = Normalizer(self._normalize_spec, self.device)
-        return self._cpu_finish
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``set_epoch`` to the sampler, the batch sampler (and its sampler) and the dataset."""
@@ -175,7 +170,6 @@ class DataLoaderX(DataLoader[T_co]):
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
         state["_copier"] = None
-        state["_cpu_finish"] = None
         state["_live"] = None
         return state
 
@@ -191,15 +185,12 @@ class _PrefetchIterator(Iterator[Any]):
         self,
         source: Iterator[Any],
         copier: CudaCopier | None,
-        cpu_finish: Normalizer | None,
         max_prefetch: int,
         owns_workers: bool,
     ) -> None:
         self._source = source
         self._copier = copier
         produced: Iterator[Any] = _drain(source, owns_workers)
-        if cpu_finish is not None:
-            produced = map(cpu_finish, produced)
         if copier is not None:
             consumer = torch.cuda.current_stream(copier.device)
             produced = map(functools.partial(copier.send, consumer=consumer), produced)

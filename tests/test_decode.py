@@ -85,9 +85,11 @@ def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
     ext = decode._jpeg_ext()
     calls: list[tuple[tuple[int, ...], int]] = []
 
-    def spy(data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False) -> object:
+    def spy(
+        data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
+    ) -> object:
         calls.append((box, scale_denom))
-        return ext.decode_region(data, box, scale_denom, fast)
+        return ext.decode_region(data, box, scale_denom, fast, rgbx)
 
     monkeypatch.setattr(decode, "_jpeg_ext", lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy))
     data = photo_bytes("jpeg", 1024, 768, seed=7)
@@ -101,7 +103,7 @@ def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_padding_is_zero_and_flips_with_the_image(monkeypatch: pytest.MonkeyPatch) -> None:
     data = photo_bytes("jpeg", 150, 101, seed=8)
     for flip in (False, True):
-        ours = T.Compose([T.CenterCrop((120, 181)), T.RandomHorizontalFlip(p=float(flip))])(data)
+        ours = T.Compose([T.CenterCrop((120, 181)), T.RandomHorizontalFlip(p=float(flip))], exact_decode=True)(data)
         reference = tvf.center_crop(decode_pil(data), [120, 181])
         reference = tvf.hflip(reference) if flip else reference
         assert torch.equal(ours, tvf.pil_to_tensor(reference))  # left pad 15, right pad 16: flipped too
@@ -133,8 +135,10 @@ def test_corrupt_data_falls_back_to_pil_and_names_the_key() -> None:
 def test_a_region_that_misses_the_box_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken extension must fail loudly, not shift the crop."""
 
-    def short(data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False) -> object:
-        return np.zeros((4, 4, 3), dtype=np.uint8), (box[0] // scale_denom, box[1] // scale_denom)
+    def short(
+        data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
+    ) -> object:
+        return np.zeros((4, 4, 4 if rgbx else 3), dtype=np.uint8), (box[0] // scale_denom, box[1] // scale_denom)
 
     fake = types.SimpleNamespace(jpeg_info=lambda data: (200, 150, 3), decode_region=short)
     monkeypatch.setattr(decode, "_jpeg_ext", lambda: fake)

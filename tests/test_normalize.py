@@ -93,3 +93,15 @@ def test_decode_on_cuda_without_cuda_warns_and_decodes_on_the_cpu() -> None:
     with pytest.warns(RuntimeWarning, match="decoding on the CPU"):
         loader = DataLoaderX(UInt8Images(), batch_size=4, decode_on="cuda")
     assert next(iter(loader))[0].dtype == torch.uint8
+
+
+def test_a_loader_rebuilt_from_its_attributes_normalizes_once() -> None:
+    """Lightning rebuilds loaders from their attributes; the CPU collate wrapper must not stack up."""
+    import inspect
+
+    loader = DataLoaderX(UInt8Images(), batch_size=8, normalize=(MEAN, STD))
+    params = inspect.signature(DataLoaderX.__init__).parameters
+    kwargs = {name: getattr(loader, name) for name in params if name != "self" and hasattr(loader, name)}
+    kwargs.update(sampler=None, batch_sampler=None, multiprocessing_context=None)
+    rebuilt = DataLoaderX(**kwargs)
+    torch.testing.assert_close(next(iter(rebuilt))[0], next(iter(loader))[0])

@@ -47,6 +47,10 @@ class FusedTransform:
     """
 
     _random = False
+    # libjpeg's fast integer IDCT and plain chroma upsampling: ~10% faster decodes, pixels within
+    # about one level of the exact decode on average (FFCV decodes the same way). Compose's
+    # ``exact_decode=True`` gives torchvision's pixels exactly.
+    exact_decode = False
 
     @property
     def steps(self) -> tuple[FusedTransform, ...]:
@@ -90,7 +94,7 @@ class FusedTransform:
     def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
         """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""
         width, height = decode.image_size(data, key)
-        return decode.decode_plan(data, self.plan(width, height), key, out)
+        return decode.decode_plan(data, self.plan(width, height), key, out, fast=not self.exact_decode)
 
     def finish(self, image: torch.Tensor) -> Any:
         """Apply the tail to a C×H×W uint8 tensor made by the fused steps."""
@@ -122,8 +126,9 @@ class FusedTransform:
 class Compose(FusedTransform):
     """torchvision's ``Compose``; leading fastloader transforms fuse with decoding (module docstring)."""
 
-    def __init__(self, transforms: Sequence[Callable[[Any], Any]]) -> None:
+    def __init__(self, transforms: Sequence[Callable[[Any], Any]], *, exact_decode: bool = False) -> None:
         self.transforms = list(transforms)
+        self.exact_decode = exact_decode
         flat: list[Callable[[Any], Any]] = []
         for transform in self.transforms:
             flat.extend(transform.transforms if isinstance(transform, Compose) else [transform])

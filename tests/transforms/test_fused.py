@@ -21,15 +21,17 @@ from tests.transforms import KINDS, photo, photo_bytes
 
 PIPELINES = {
     "train": (
-        lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]),
+        lambda: T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()], exact_decode=True),
         lambda: tv.Compose([tv.RandomResizedCrop(224), tv.RandomHorizontalFlip()]),
     ),
     "eval": (
-        lambda: T.Compose([T.Resize(256), T.CenterCrop(224)]),
+        lambda: T.Compose([T.Resize(256), T.CenterCrop(224)], exact_decode=True),
         lambda: tv.Compose([tv.Resize(256), tv.CenterCrop(224)]),
     ),
     "eval_bicubic_padded": (
-        lambda: T.Compose([T.Resize(160, interpolation=tv.InterpolationMode.BICUBIC), T.CenterCrop((200, 180))]),
+        lambda: T.Compose(
+            [T.Resize(160, interpolation=tv.InterpolationMode.BICUBIC), T.CenterCrop((200, 180))], exact_decode=True
+        ),
         lambda: tv.Compose([tv.Resize(160, interpolation=tv.InterpolationMode.BICUBIC), tv.CenterCrop((200, 180))]),
     ),
 }
@@ -72,6 +74,24 @@ def test_fused_decode_matches_torchvision_full_decode(backend: str, kind: str, p
             assert mean < 1.0 and p999 <= 8, (kind, width, mean, p999)
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("pipeline", ["train", "eval"])
+def test_the_default_fast_decode_stays_close_to_torchvision(kind: str, pipeline: str) -> None:
+    """The default decode uses libjpeg's fast IDCT and upsampling: about a level from torchvision."""
+    reference_tf = PIPELINES[pipeline][1]()
+    ours_tf = T.Compose(list(PIPELINES[pipeline][0]().transforms))  # exact_decode=False, the default
+    means = []
+    for seed, (width, height) in enumerate([(500, 375), (375, 500), (333, 257)]):
+        data = photo_bytes(kind, width, height, seed)
+        torch.manual_seed(seed)
+        ours = ours_tf(data)
+        torch.manual_seed(seed)
+        mean, p999 = differences(ours, tvf.pil_to_tensor(reference_tf(decode_pil(data))))
+        assert mean < 2.0 and p999 <= 48, (kind, width, mean, p999)
+        means.append(mean)
+    assert sum(means) / len(means) < 1.5
+
+
 def test_flip_mirrors_the_output(backend: str) -> None:
     data = photo_bytes("jpeg", seed=3)
     plain = T.Compose([T.Resize(100), T.CenterCrop(80), T.RandomHorizontalFlip(p=0.0)])(data)
@@ -85,7 +105,8 @@ def test_single_transforms_on_bytes() -> None:
     assert T.Resize((50, 60))(data).shape == (3, 50, 60)
     assert T.CenterCrop(64)(data).shape == (3, 64, 64)
     assert T.RandomResizedCrop((32, 48))(bytearray(data)).shape == (3, 32, 48)
-    assert torch.equal(T.RandomHorizontalFlip(p=0.0)(data), tvf.pil_to_tensor(decode_pil(data)))
+    exact = T.Compose([T.RandomHorizontalFlip(p=0.0)], exact_decode=True)
+    assert torch.equal(exact(data), tvf.pil_to_tensor(decode_pil(data)))
 
 
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["pil", "tensor"])
