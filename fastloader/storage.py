@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 
 def cache_dir() -> Path:
@@ -38,22 +38,41 @@ def sidecar_path(data_path: str | os.PathLike[str], suffix: str) -> Path:
     return cache_dir() / f"{data_path.name}-{digest}{suffix}"
 
 
+class AtomicFile:
+    """A file written under a temporary name beside ``path``: :meth:`commit` fsyncs it and renames it
+    into place, :meth:`abort` deletes it. Streaming writers (RecordIO, TFRecord) use it directly."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: str = "wb", encoding: str | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.file: IO[Any] = os.fdopen(fd, mode, encoding=encoding)
+
+    def commit(self) -> None:
+        if self.file.closed:
+            return
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        # mkstemp makes 0600 files; datasets and indexes are shared by users and ranks.
+        os.chmod(self.tmp, 0o666 & ~_umask())
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, and rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    target = AtomicFile(path)
     try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        # mkstemp makes 0600 files; datasets and indexes are shared by users and ranks.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        write(target.file)  # type: ignore[arg-type]
+        target.commit()
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        target.abort()
         raise
 
 

@@ -23,15 +23,14 @@ from __future__ import annotations
 import math
 import os
 import struct
-import tempfile
 from array import array
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, Any, BinaryIO, TextIO
 
 import numpy as np
 
 from fastloader.errors import FormatError
+from fastloader.storage import AtomicFile
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -252,13 +251,8 @@ class RecordIOWriter:
     def __init__(self, rec_path: str | os.PathLike[str], idx_path: str | os.PathLike[str] | None = None) -> None:
         self.rec_path = os.fspath(rec_path)
         self.idx_path = None if idx_path is None else os.fspath(idx_path)
-        fd, self._rec_tmp = _mkstemp_beside(self.rec_path)
-        self._rec: BinaryIO = os.fdopen(fd, "wb")
-        self._idx: TextIO | None = None
-        self._idx_tmp: str | None = None
-        if self.idx_path is not None:
-            fd, self._idx_tmp = _mkstemp_beside(self.idx_path)
-            self._idx = os.fdopen(fd, "w", encoding="ascii")
+        self._rec = AtomicFile(self.rec_path)
+        self._idx = None if self.idx_path is None else AtomicFile(self.idx_path, "w", encoding="ascii")
         self._offset = 0
         self.split_records = 0  # records that contained the magic word and were split
 
@@ -277,7 +271,7 @@ class RecordIOWriter:
             start = cut + 4
         self._write_part(_END if cuts else _WHOLE, payload[start:])
         if self._idx is not None:
-            self._idx.write(f"{int(key)}\t{offset}\n")
+            self._idx.file.write(f"{int(key)}\t{offset}\n")
         return offset
 
     def _write_part(self, cflag: int, data: bytes) -> None:
@@ -285,23 +279,20 @@ class RecordIOWriter:
             raise ValueError(f"{self.rec_path}: a RecordIO record part holds at most {MAX_PART_LENGTH} bytes")
         padding = b"\x00" * (_padded(len(data)) - len(data))
         chunk = _PART_HEAD.pack(MAGIC, (cflag << _LENGTH_BITS) | len(data)) + data + padding
-        self._rec.write(chunk)
+        self._rec.file.write(chunk)
         self._offset += len(chunk)
 
     def close(self) -> None:
         """Flush, fsync and rename both files into place (``.rec`` first, ``.idx`` last)."""
-        if self._rec.closed:
-            return
-        _commit(self._rec, self._rec_tmp, self.rec_path)
-        if self._idx is not None and self._idx_tmp is not None and self.idx_path is not None:
-            _commit(self._idx, self._idx_tmp, self.idx_path)
+        self._rec.commit()
+        if self._idx is not None:
+            self._idx.commit()
 
     def abort(self) -> None:
         """Close and delete the temporary files; nothing is renamed into place."""
-        for file, tmp in ((self._rec, self._rec_tmp), (self._idx, self._idx_tmp)):
-            if file is not None and tmp is not None and not file.closed:
-                file.close()
-                os.unlink(tmp)
+        self._rec.abort()
+        if self._idx is not None:
+            self._idx.abort()
 
     def __enter__(self) -> RecordIOWriter:
         return self
@@ -313,18 +304,6 @@ class RecordIOWriter:
             self.close()
         else:
             self.abort()
-
-
-def _mkstemp_beside(path: str) -> tuple[int, str]:
-    directory, name = os.path.split(os.path.abspath(path))
-    return tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-
-
-def _commit(file: IO[Any], tmp: str, path: str) -> None:
-    file.flush()
-    os.fsync(file.fileno())
-    file.close()
-    os.replace(tmp, path)
 
 
 def _aligned_magic_positions(payload: bytes) -> list[int]:

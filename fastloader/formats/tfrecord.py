@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from array import array
 from types import TracebackType
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.index_file import IndexFile, read_index, write_index
-from fastloader.storage import file_lock, sidecar_path
+from fastloader.storage import AtomicFile, file_lock, sidecar_path
 
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -152,31 +151,22 @@ class TFRecordWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        directory, name = os.path.split(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        self._file = os.fdopen(fd, "wb")
+        self._target = AtomicFile(self.path)
         self._offset = 0
 
     def write(self, data: bytes) -> int:
         """Append one record; returns its offset."""
         offset = self._offset
         chunk = frame(data)
-        self._file.write(chunk)
+        self._target.file.write(chunk)
         self._offset += len(chunk)
         return offset
 
     def close(self) -> None:
-        if self._file.closed:
-            return
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
+        self._target.commit()
 
     def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-            os.unlink(self._tmp)
+        self._target.abort()
 
     def __enter__(self) -> TFRecordWriter:
         return self
