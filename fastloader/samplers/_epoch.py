@@ -20,7 +20,8 @@ samples it delivered and slice ``epoch_indices(epoch)`` (or load that count as t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sized
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -98,13 +99,29 @@ class SamplerState:
         return cls(**values)
 
 
-@dataclasses.dataclass
 class _Progress:
     """How far one iteration has got. Each ``iter()`` gets its own, so a stale iterator cannot move
-    the state of the current one."""
+    the state of the current one.
 
-    epoch: int
-    offset: int
+    Items are handed out by ``yield from`` a list iterator (C speed, ~4x less per item than a Python
+    loop that counts); the position inside the current chunk is read back from that iterator's
+    remaining length when a state is asked for, which is rare.
+    """
+
+    def __init__(self, epoch: int, offset: int) -> None:
+        self.epoch = epoch
+        self._chunk_end = offset
+        self._chunk: Iterator[int] | None = None
+
+    @property
+    def offset(self) -> int:
+        if self._chunk is None:
+            return self._chunk_end
+        return self._chunk_end - operator.length_hint(self._chunk)
+
+    def enter(self, items: Sequence[int], end: int) -> Iterator[int]:
+        self._chunk, self._chunk_end = iter(items), end
+        return self._chunk
 
 
 class EpochCursor:
@@ -159,7 +176,4 @@ def _walk(order_of: Callable[[int], Order], progress: _Progress) -> Iterator[int
     for begin in range(progress.offset, len(order), _CHUNK):
         chunk = order[begin : begin + _CHUNK]
         items = chunk.tolist() if isinstance(chunk, np.ndarray) else chunk
-        # The loop target updates the offset before each yield: a state_dict() taken after k
-        # items says k, with no per-item arithmetic beyond enumerate's.
-        for progress.offset, index in enumerate(items, begin + 1):
-            yield index
+        yield from progress.enter(items, begin + len(items))

@@ -1,0 +1,133 @@
+"""DistributedSampler: torch's layout and padding, with the shuffle a function of (seed, epoch)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from fastloader.samplers._epoch import (
+    EpochCursor,
+    check_nonnegative_int,
+    epoch_rng,
+    index_dtype,
+    length_of,
+    permutation,
+)
+
+
+def default_world() -> tuple[int, int]:
+    """``(world_size, rank)`` of an initialized ``torch.distributed``, else ``WORLD_SIZE`` / ``RANK``
+    (torchrun sets them before the process group exists), else ``(1, 0)``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an int, got {raw!r}") from None
+
+
+class DistributedSampler(Sampler[int]):
+    """The part of each epoch that belongs to one rank: ``torch.utils.data.DistributedSampler``'s semantics.
+
+    Every rank computes the same epoch order (``np.random.Generator(PCG64([seed, epoch]))``, the same
+    order as ``RandomSampler(n, seed=seed)``; with ``shuffle=True`` it differs from torch's, which uses
+    ``torch.randperm``), then, as torch does:
+
+    * without ``drop_last``, pads the order to a multiple of ``num_replicas`` by repeating its start
+      (so up to ``num_replicas - 1`` indices appear twice in an epoch, on different ranks);
+    * with ``drop_last``, drops its tail to the largest multiple of ``num_replicas``;
+    * gives rank r the positions ``r, r + num_replicas, r + 2 * num_replicas, ...``.
+
+    Ranks are therefore disjoint (but for the padding) and together cover the epoch; every rank has
+    ``len(self)`` indices. With ``shuffle=False`` the indices of each rank equal torch's exactly.
+
+    ``num_replicas`` and ``rank`` default to an initialized ``torch.distributed``, else the
+    ``WORLD_SIZE`` / ``RANK`` environment variables, else 1 and 0.
+    """
+
+    def __init__(
+        self,
+        data_source_or_length: Sized | int,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_replicas is None or rank is None:
+            world_size, world_rank = default_world()
+            num_replicas = world_size if num_replicas is None else num_replicas
+            rank = world_rank if rank is None else rank
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
+            raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
+            raise ValueError(
+                f"rank must be an int in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank!r}"
+            )
+        self.dataset = data_source_or_length  # torch's attribute name
+        self.length = length_of(data_source_or_length)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        if self.drop_last:
+            self.num_samples = self.length // self.num_replicas  # = torch's ceil((n - R) / R) when R does not divide n
+        else:
+            self.num_samples = math.ceil(self.length / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        self._cursor = EpochCursor(seed)
+
+    @property
+    def seed(self) -> int:
+        return self._cursor.seed
+
+    @property
+    def epoch(self) -> int:
+        return self._cursor.epoch
+
+    def global_indices(self, epoch: int) -> np.ndarray:
+        """The epoch order of all ranks together, padded or cut to ``total_size`` (before the split)."""
+        epoch = check_nonnegative_int(epoch, "epoch")
+        if self.shuffle:
+            order = permutation(epoch_rng(self.seed, epoch), self.length)
+        else:
+            order = np.arange(self.length, dtype=index_dtype(self.length))
+        if self.total_size > self.length:
+            return np.resize(order, self.total_size)  # repeats the order cyclically: torch's padding
+        return order[: self.total_size]
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """This rank's order of ``epoch`` as a new contiguous array (int32 while indices fit)."""
+        order = self.global_indices(epoch)
+        # A copy, so that the full order (n indices) is freed and only this rank's n / R remain.
+        return order[self.rank : self.total_size : self.num_replicas].copy()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._cursor.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        return self._cursor.state().to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._cursor.load(state, self.num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        return self._cursor.iterate(self.epoch_indices)
+
+    def __len__(self) -> int:
+        return self.num_samples
