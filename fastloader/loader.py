@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -22,6 +22,8 @@ from fastloader.background import BackgroundGenerator
 from fastloader.device import CudaCopier, DeviceLike, on_device, resolve_device
 from fastloader.gpu_decode import decode_encoded
 from fastloader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
+from fastloader.resume import Progress, apply_state, choose_sampler, rebuilt_with, state_of
+from fastloader.samplers._epoch import check_nonnegative_int
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -48,6 +50,16 @@ class DataLoaderX(DataLoader[T_co]):
         decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream; the
             dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
             encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning.
+        distributed: split a map-style dataset over the ranks (a ``fastloader.samplers.DistributedSampler``
+            with ``shuffle``, ``seed`` and ``drop_last``) when neither ``sampler`` nor ``batch_sampler`` is
+            given. None (default): on when ``torch.distributed`` is initialized with more than one rank.
+        seed: the shuffle seed; orders are a function of (seed, epoch). Given (or when distributed), the
+            default sampler is a resumable ``fastloader.samplers`` one; None keeps torch's own samplers,
+            so batches equal torch's exactly (and ``load_state_dict`` cannot resume them).
+
+    Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
+    unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
+    ``state_dict()`` / ``load_state_dict()`` resume mid-epoch; see ``fastloader.resume``.
     """
 
     def __init__(
@@ -79,11 +91,18 @@ class DataLoaderX(DataLoader[T_co]):
         channels_last: bool = False,
         random_flip: float = 0.0,
         decode_on: str = "cpu",
+        distributed: bool | None = None,
+        seed: int | None = None,
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1, got {max_prefetch!r}")
         if decode_on not in ("cpu", "cuda"):
             raise ValueError(f"decode_on must be 'cpu' or 'cuda', got {decode_on!r}")
+        if distributed is not None and not isinstance(distributed, bool):
+            raise ValueError(f"distributed must be True, False or None, got {distributed!r}")
+        if seed is not None:
+            check_nonnegative_int(seed, "seed")
+        ours = choose_sampler(dataset, shuffle, sampler, batch_sampler, drop_last, distributed, seed)
         normalize_spec = NormalizeSpec.create(normalize, normalize_dtype, channels_last, random_flip)
         target = resolve_device(local_rank, device)
         if isinstance(collate_fn, NormalizingCollate):
@@ -100,8 +119,8 @@ class DataLoaderX(DataLoader[T_co]):
         super().__init__(
             dataset,
             batch_size,
-            shuffle,
-            sampler,
+            None if ours is not None or rebuilt_with(shuffle, sampler) else shuffle,  # torch: no shuffle with a sampler
+            ours if ours is not None else sampler,
             batch_sampler,
             num_workers,
             collate_fn,
@@ -126,12 +145,25 @@ class DataLoaderX(DataLoader[T_co]):
         self.channels_last = channels_last
         self.random_flip = random_flip
         self.decode_on = decode_on
+        self.distributed = distributed
+        self.seed = seed
+        self._user_batch_sampler = batch_sampler is not None
+        self._epoch = 0  # the epoch of the current (or next) iteration
+        self._epoch_set = False  # set_epoch or load_state_dict since the last iter()
+        self._started = False
+        self._pending: Progress | None = None  # a loaded state, for the next iter()
+        self._progress: Progress | None = None  # the current iteration
         self._normalize_spec = normalize_spec
         self._gpu_decode = _setup_decode(dataset, decode_on, self.device)
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
+        if self._started and not self._epoch_set:
+            self.set_epoch(self._epoch + 1)
+        self._started, self._epoch_set = True, False
+        progress = self._pending if self._pending is not None else Progress(self._epoch)
+        self._pending, self._progress = None, progress
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent:
             # Torch hands out one shared iterator and resets it here: the previous epoch's producer
@@ -141,7 +173,9 @@ class DataLoaderX(DataLoader[T_co]):
                 previous.close()
         with on_device(self.device):  # torch's pin-memory thread pins for the current device
             source = super().__iter__()
-        iterator = _PrefetchIterator(source, self._get_copier(), self.max_prefetch, owns_workers=not persistent)
+        iterator = _PrefetchIterator(
+            source, self._get_copier(), self.max_prefetch, owns_workers=not persistent, progress=progress
+        )
         self._live = weakref.ref(iterator)
         return iterator
 
@@ -165,6 +199,24 @@ class DataLoaderX(DataLoader[T_co]):
                 continue
             seen.add(id(target))
             method(epoch)
+        if self._pending is not None and self._pending.epoch != epoch:
+            self._pending = None  # another epoch than the loaded one: start it from the beginning
+        self._epoch, self._epoch_set = epoch, True
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the training loop is: plain ints, JSON-serializable (see ``fastloader.resume``)."""
+        progress = self._pending
+        if progress is None:
+            current = self._progress
+            progress = current if current is not None and current.epoch == self._epoch else Progress(self._epoch)
+        return state_of(self, progress)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state_dict()``'s output; applies to the next ``iter()``. ValueError for a foreign
+        state or a sampler that cannot resume (torch's own: pass ``seed=``)."""
+        progress = apply_state(self, state)
+        self._pending = progress
+        self._epoch, self._epoch_set = progress.epoch, True
 
     def __getstate__(self) -> dict[str, Any]:
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
@@ -187,8 +239,10 @@ class _PrefetchIterator(Iterator[Any]):
         copier: CudaCopier | None,
         max_prefetch: int,
         owns_workers: bool,
+        progress: Progress | None = None,
     ) -> None:
         self._source = source
+        self._progress = progress if progress is not None else Progress(0)
         self._copier = copier
         produced: Iterator[Any] = _drain(source, owns_workers)
         if copier is not None:
@@ -204,12 +258,16 @@ class _PrefetchIterator(Iterator[Any]):
     def __next__(self) -> Any:
         try:
             item = next(self._background)
-        except BaseException:
+        except BaseException as error:
             # The end of the epoch, an error from a worker / collate / the copy, or Ctrl-C while
             # waiting: stop the thread (and with it the workers) now, not when the traceback lets go.
+            self._progress.done = isinstance(error, StopIteration)
             self.close()
             raise
-        return item if self._copier is None else self._copier.receive(item)
+        if self._copier is not None:
+            item = self._copier.receive(item)
+        self._progress.batches += 1  # counted here, in the consumer: the producer thread runs ahead
+        return item
 
     def __len__(self) -> int:
         return len(self._source)  # type: ignore[arg-type]

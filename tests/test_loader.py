@@ -159,6 +159,8 @@ def test_signature_is_torchs_plus_keyword_only_extras() -> None:
         "channels_last",
         "random_flip",
         "decode_on",
+        "distributed",
+        "seed",
     }
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras.values())
 

@@ -91,6 +91,7 @@ class DistributedSampler(Sampler[int]):
             self.num_samples = math.ceil(self.length / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
         self._cursor = EpochCursor(seed)
+        self._resume: tuple[int, int] | None = None  # (global position, layout's num_replicas) for the next iter()
 
     @property
     def seed(self) -> int:
@@ -102,14 +103,47 @@ class DistributedSampler(Sampler[int]):
 
     def global_indices(self, epoch: int) -> np.ndarray:
         """The epoch order of all ranks together, padded or cut to ``total_size`` (before the split)."""
+        return self._laid_out(epoch, self.total_size)
+
+    def _laid_out(self, epoch: int, total_size: int) -> np.ndarray:
         epoch = check_nonnegative_int(epoch, "epoch")
         if self.shuffle:
             order = permutation(epoch_rng(self.seed, epoch), self.length)
         else:
             order = np.arange(self.length, dtype=index_dtype(self.length))
-        if self.total_size > self.length:
-            return np.resize(order, self.total_size)  # repeats the order cyclically: torch's padding
-        return order[: self.total_size]
+        if total_size > self.length:
+            return np.resize(order, total_size)  # repeats the order cyclically: torch's padding
+        return order[:total_size]
+
+    def layout_size(self, num_replicas: int) -> int:
+        """``total_size`` of this dataset and ``drop_last`` laid out for ``num_replicas`` ranks."""
+        if self.drop_last:
+            return (self.length // num_replicas) * num_replicas
+        return math.ceil(self.length / num_replicas) * num_replicas
+
+    def remaining_indices(self, epoch: int, position: int, num_replicas: int) -> np.ndarray:
+        """This rank's part of what is left of ``epoch`` after ``position`` indices of the global order
+        laid out for ``num_replicas`` ranks: the rest is split ``[rank::self.num_replicas]``, padded (by
+        repeating its start) or cut (``drop_last``) so that every rank gets as many indices."""
+        rest = self._laid_out(epoch, self.layout_size(num_replicas))[position:]
+        world = self.num_replicas
+        size = len(rest) // world if self.drop_last else math.ceil(len(rest) / world)
+        if size * world > len(rest):
+            rest = np.resize(rest, size * world)
+        return rest[self.rank : size * world : world].copy()
+
+    def resume_at(self, epoch: int, seed: int, position: int, num_replicas: int) -> None:
+        """Start the next ``iter()`` at ``position`` of ``epoch``'s global order as laid out for
+        ``num_replicas`` ranks (another world size than this one, after a restart), re-split over this
+        sampler's ranks: nothing of the rest is lost and, but for padding, nothing is repeated.
+
+        Until that iteration ends, ``state_dict()['offset']`` counts indices of the re-split rest;
+        ``DataLoaderX.state_dict`` records the global position instead.
+        """
+        if position > self.layout_size(num_replicas):
+            raise ValueError(f"position {position} is past the end of an epoch laid out for {num_replicas} ranks")
+        self._cursor.load({"epoch": epoch, "seed": seed, "offset": 0}, self.num_samples)
+        self._resume = (position, num_replicas)
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """This rank's order of ``epoch`` as a new contiguous array (int32 while indices fit)."""
@@ -118,6 +152,8 @@ class DistributedSampler(Sampler[int]):
         return order[self.rank : self.total_size : self.num_replicas].copy()
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume = None
         self._cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, int]:
@@ -125,8 +161,13 @@ class DistributedSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._cursor.load(state, self.num_samples)
+        self._resume = None
 
     def __iter__(self) -> Iterator[int]:
+        if self._resume is not None:
+            position, num_replicas = self._resume
+            self._resume = None
+            return self._cursor.iterate(lambda epoch: self.remaining_indices(epoch, position, num_replicas))
         return self._cursor.iterate(self.epoch_indices)
 
     def __len__(self) -> int:

@@ -1,0 +1,57 @@
+"""One rank of the DDP tests (tests/test_ddp.py); run by torchrun, never collected by pytest.
+
+    torchrun --nproc_per_node N tests/ddp_worker.py OUTDIR [STATE_JSON]
+
+Two full epochs of ``DataLoaderX(50 indices, batch_size=4, shuffle=True)`` with no ``set_epoch``
+(automatic epochs), then: without STATE_JSON, K batches of epoch 2 and rank 0 saves the loader state
+to OUTDIR/state.json; with STATE_JSON, the state is loaded and the rest of that epoch is read. Each rank
+writes what it saw to OUTDIR/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+from fastloader import DataLoaderX
+from fastloader.samplers import DistributedSampler
+
+K = 3
+
+
+class Indices(Dataset[int]):
+    def __len__(self) -> int:
+        return 50
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def main() -> None:
+    outdir = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    loader = DataLoaderX(Indices(), batch_size=4, shuffle=True)
+    if not isinstance(loader.sampler, DistributedSampler) or loader.sampler.num_replicas != dist.get_world_size():
+        raise RuntimeError(f"not split automatically: {loader.sampler!r}")
+    seen: dict[str, object] = {"epochs": [sum((b.tolist() for b in loader), []) for _ in range(2)]}
+    if len(sys.argv) > 2:
+        loader.load_state_dict(json.loads(Path(sys.argv[2]).read_text()))
+        seen["rest"] = sum((b.tolist() for b in loader), [])
+    else:
+        seen["before"] = sum((b.tolist() for b in itertools.islice(iter(loader), K)), [])
+        state = loader.state_dict()
+        if rank == 0:
+            (outdir / "state.json").write_text(json.dumps(state))
+    (outdir / f"rank{rank}.json").write_text(json.dumps(seen))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
