@@ -40,13 +40,17 @@ def libjpeg_version() -> str:
 
 
 def cpu_report() -> dict[str, str]:
+    from fastloader import cpus
+
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     report = {"cpu count": str(os.cpu_count())}
     if affinity is not None:
         report["cpu affinity"] = f"{len(affinity)} cores {_ranges(affinity)}"
-    quota = _cgroup_cpu_quota()
+    quota = cpus.cgroup_cpu_quota()
     if quota is not None:
         report["cgroup cpu quota"] = f"{quota:g} cores"
+    report["local ranks"] = str(cpus.local_world_size())
+    report["workers per rank"] = f"{cpus.suggested_num_workers()} suggested (usable cores / local ranks)"
     return report
 
 
@@ -59,18 +63,6 @@ def _ranges(values: list[int]) -> str:
         else:
             spans.append([value, value])
     return ",".join(f"{first}-{last}" if first != last else str(first) for first, last in spans)
-
-
-def _cgroup_cpu_quota() -> float | None:
-    """Cores allowed by a cgroup v2 ``cpu.max`` limit (containers), or None when unlimited."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as file:
-            quota, period = file.read().split()
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return int(quota) / int(period)
 
 
 def torch_report() -> dict[str, str]:

@@ -10,6 +10,7 @@ Data flow of one epoch::
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -145,6 +146,7 @@ class DataLoaderX(DataLoader[T_co]):
         self.channels_last = channels_last
         self.random_flip = random_flip
         self.decode_on = decode_on
+        _advise_workers(num_workers)
         self.distributed = distributed
         self.seed = seed
         self._user_batch_sampler = batch_sampler is not None
@@ -283,6 +285,22 @@ class _PrefetchIterator(Iterator[Any]):
             self.close()
         except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
             pass
+
+
+def _advise_workers(num_workers: int) -> None:
+    """Warn when the workers exceed this rank's share of the cores: torch's own check counts the
+    affinity mask only, not a container's cgroup quota nor the other ranks of the machine."""
+    from fastloader import cpus
+
+    share, ranks = cpus.cores_per_rank(), cpus.local_world_size()
+    if num_workers > share and (ranks > 1 or cpus.usable_cpus() < len(os.sched_getaffinity(0))):
+        warnings.warn(
+            f"num_workers={num_workers} but this rank's share is {share} cores ({cpus.usable_cpus()} usable"
+            f" cores / {ranks} local ranks): more workers than cores thrash; suggested"
+            f" num_workers={cpus.suggested_num_workers()} (fastloader.cpus.suggested_num_workers())",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _setup_decode(dataset: Any, decode_on: str, device: torch.device) -> bool:
