@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node N tests/ddp_worker.py OUTDIR [STATE_JSON]
 
-Two full epochs of ``DataLoaderX(50 indices, batch_size=4, shuffle=True)`` with no ``set_epoch``
+Two full epochs of ``DataLoaderX(LMDBDataset($FASTLOADER_TEST_LMDB), batch_size=4, shuffle=True)``
+(50 images whose labels are their indices) with no ``set_epoch``
 (automatic epochs), then: without STATE_JSON, K batches of epoch 2 and rank 0 saves the loader state
 to OUTDIR/state.json; with STATE_JSON, the state is loaded and the rest of that epoch is read. Each rank
 writes what it saw to OUTDIR/rank<r>.json.
@@ -12,31 +13,34 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset
 
 from fastloader import DataLoaderX
+from fastloader import transforms as T
+from fastloader.datasets import LMDBDataset
 from fastloader.samplers import DistributedSampler
 
 K = 3
 
 
-class Indices(Dataset[int]):
-    def __len__(self) -> int:
-        return 50
-
-    def __getitem__(self, index: int) -> int:
-        return index
+def collate_labels(items: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """Only the labels (= indices) matter here; the images are decoded all the same."""
+    if any(image.shape != (3, 8, 8) for image, _ in items):
+        raise RuntimeError("an image was not decoded to 3x8x8")
+    return torch.tensor([label for _, label in items])
 
 
 def main() -> None:
     outdir = Path(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = DataLoaderX(Indices(), batch_size=4, shuffle=True)
+    dataset = LMDBDataset(os.environ["FASTLOADER_TEST_LMDB"], transform=T.Compose([T.CenterCrop(8)]))
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, num_workers=1, collate_fn=collate_labels)
     if not isinstance(loader.sampler, DistributedSampler) or loader.sampler.num_replicas != dist.get_world_size():
         raise RuntimeError(f"not split automatically: {loader.sampler!r}")
     seen: dict[str, object] = {"epochs": [sum((b.tolist() for b in loader), []) for _ in range(2)]}

@@ -26,9 +26,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def packed_dataset(base: Path) -> Path:
+    """A real LMDB of LENGTH small JPEGs, one class each: an item's label is its index."""
+    from PIL import Image
+
+    from fastloader.pack import pack
+
+    for index in range(LENGTH):
+        (base / "images" / f"c{index:03d}").mkdir(parents=True)
+        Image.new("RGB", (12, 10), (index * 5 % 256, 0, 0)).save(base / "images" / f"c{index:03d}" / "0.jpg")
+    pack(str(base / "images"), base / "train.lmdb", progress=False, workers=0)
+    return base / "train.lmdb"
+
+
 def torchrun(world: int, outdir: Path, *args: str) -> list[dict[str, Any]]:
     outdir.mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    lmdb = outdir.parent / "train.lmdb"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", FASTLOADER_TEST_LMDB=str(lmdb))
     command = [str(TORCHRUN), "--nproc_per_node", str(world), "--master_port", str(free_port())]
     command += [str(ROOT / "tests" / "ddp_worker.py"), str(outdir), *args]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
@@ -49,6 +63,7 @@ def check_split(parts: list[list[int]], world: int) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("ddp")
+    packed_dataset(base)
     two = torchrun(2, base / "two")
     return {
         "two": two,
