@@ -1,4 +1,4 @@
-"""The ``fastloader`` command line: ``info``, ``pack`` and ``verify``.
+"""The ``fastloader`` command line: ``info``, ``pack``, ``verify`` and ``scan``.
 
 Exit status: 0 on success, 1 when the command failed (an error, or ``verify`` found problems),
 2 for bad usage, 130 when interrupted (a pack then resumes when run again).
@@ -87,6 +87,44 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_scan(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from fastloader.scan import scan
+
+    report = scan(
+        args.src,
+        report=args.report,
+        workers=args.workers,
+        progress=not args.no_progress,
+        src_format=args.src_format,
+        root=args.root,
+    )
+    if args.json:
+        print(json.dumps({**asdict(report), "by_reason": report.by_reason()}, indent=2))
+    else:
+        print(report.format_text())
+    return 0
+
+
+def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from fastloader.pack import SOURCE_KINDS
+
+    scan = commands.add_parser(
+        "scan",
+        help="decode every image of a dataset and list the bad ones",
+        description="Decode every image of SRC (any source `pack` reads) and list those that fail, by reason.",
+    )
+    scan.add_argument("src", metavar="SRC", help="what to read (as for `fastloader pack`)")
+    scan.add_argument("--report", metavar="FILE", help="where to list bad images (default: SRC.bad.tsv)")
+    scan.add_argument("--workers", type=_non_negative, metavar="N", help="reader processes (default: usable cores)")
+    scan.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read SRC")
+    scan.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    scan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    scan.add_argument("--json", action="store_true", help="print the report as JSON")
+    scan.set_defaults(run=_cmd_scan)
+
+
 def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fastloader.pack import SOURCE_KINDS
     from fastloader.pack_readers import DEFAULT_QUALITY
@@ -135,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print the report as JSON")
     info.set_defaults(run=_cmd_info)
     _add_pack(commands)
+    _add_scan(commands)
     verify = commands.add_parser(
         "verify",
         help="check every record of a pack (checksums, count)",

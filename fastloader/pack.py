@@ -178,7 +178,7 @@ def report_path(dst: str | os.PathLike[str]) -> str:
     return os.fspath(dst).rstrip(os.sep) + ".skipped.tsv"
 
 
-def _write_report(path: str, skipped: list[Skipped]) -> None:
+def write_report(path: str, skipped: list[Skipped]) -> None:
     from fastloader.storage import atomic_write_bytes
 
     def cell(text: str) -> str:
@@ -297,7 +297,7 @@ def pack(
     report = None
     if skipped:
         report = report_path(dst)
-        _write_report(report, skipped)
+        write_report(report, skipped)
     return PackSummary(
         src_name,
         dst,
