@@ -205,6 +205,16 @@ class DataLoaderX(DataLoader[T_co]):
             self._pending = None  # another epoch than the loaded one: start it from the beginning
         self._epoch, self._epoch_set = epoch, True
 
+    def stats(self) -> dict[str, Any]:
+        """Where the loader is (epoch, batches delivered this epoch) and the bad samples its dataset
+        met, in every worker process (``dataset.set_error_policy``; counted from its quarantine file)."""
+        error_stats = getattr(self.dataset, "error_stats", None)
+        stats: dict[str, Any] = dict(error_stats()) if callable(error_stats) else {}
+        progress = self._progress
+        stats["epoch"] = self._epoch
+        stats["batches_yielded"] = progress.batches if progress is not None else 0
+        return stats
+
     def state_dict(self) -> dict[str, int]:
         """Where the training loop is: plain ints, JSON-serializable (see ``fastloader.resume``)."""
         progress = self._pending

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fastloader.batching import EncodedImage, PrecollatedBatch, allocate_batch
+from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
 from fastloader.decode import image_size
 from fastloader.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.errors import DecodeError
@@ -113,6 +114,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self._decode_device = "cpu"
         self._cache: DecodedCache | None = None
         self._cached_transform: FusedTransform | None = None
+        self._errors: ErrorPolicy | None = None
         if cache is not None:
             self.set_cache(cache)
 
@@ -121,6 +123,12 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = check_index(index, len(self.source))
+        if self._errors is None:
+            return self._item(index)
+        # One item cannot be skipped: "skip" replaces it here (batches skip in __getitems__).
+        return self._errors.fetch(index, self.source.key, self._item, allow_skip=False)  # type: ignore[return-value]
+
+    def _item(self, index: int) -> tuple[Any, Any]:
         fused = self._fused()
         if fused is not None:
             return self._fused_image(fused, index), self._label(index)
@@ -137,16 +145,56 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
         fused = self._fused()
         size = fused.output_size if fused is not None else None
+        policy = self._errors
         if fused is None or size is None or self._decode_device != "cpu":
-            return [self[index] for index in indices]
+            if policy is None:
+                return [self[index] for index in indices]
+            items = (policy.fetch(check_index(i, len(self)), self.source.key, self._item) for i in indices)
+            return [item for item in items if item is not None]  # "skip" drops bad samples
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
-        targets = []
+        targets, kept = [], []
         for slot, index in enumerate(indices):
             index = check_index(index, len(self.source))
-            self._decode_into(fused, index, pixels[slot])
-            targets.append(self._label(index))
+            target = self._decode_slot(fused, index, pixels[slot])
+            if target is not None:
+                targets.append(target[0])
+                kept.append(slot)
+        if len(kept) < len(indices):
+            buffer = buffer[kept]  # skipped samples: a shorter batch (rare: a copy is fine)
         return PrecollatedBatch(buffer, targets)
+
+    def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
+        """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""
+
+        def produce(i: int) -> tuple[Any]:
+            self._decode_into(fused, i, out)
+            return (self._label(i),)
+
+        if self._errors is None:
+            return produce(index)
+        return self._errors.fetch(index, self.source.key, produce)
+
+    def set_error_policy(
+        self,
+        on_error: str = "raise",
+        *,
+        max_errors: float | None = None,
+        quarantine: str | os.PathLike[str] | None = None,
+        exclude: str | os.PathLike[str] | Iterable[int] | None = None,
+    ) -> None:
+        """What a bad sample (unreadable, undecodable) does: ``"raise"``, ``"skip"`` or ``"replace"``;
+        see ``fastloader.datasets.error_policy``. ``exclude``: a ``fastloader scan`` report, or
+        positions, of samples never to read (replaced or skipped)."""
+        if isinstance(exclude, (str, os.PathLike)):
+            exclude = read_exclusions(exclude)
+        self._errors = ErrorPolicy(on_error, len(self.source), max_errors, quarantine, exclude or ())
+
+    def error_stats(self) -> dict[str, Any]:
+        """Bad samples found so far by every process using this dataset (see ``set_error_policy``)."""
+        if self._errors is None:
+            return {"on_error": "raise", "bad_samples": 0, "by_reason": {}, "excluded": 0, "quarantine": None}
+        return self._errors.stats()
 
     def set_decode_device(self, device: str) -> None:
         """Decode on ``"cpu"`` (default) or leave it to the GPU (``"cuda"``): items are then

@@ -1,0 +1,177 @@
+"""What a dataset does with a bad sample: raise, skip it, or replace it by another one.
+
+A run over 10M images lasts days; one truncated JPEG must not end it, and a flood of them must not
+silently turn an epoch into nothing. So (``ImageDataset.set_error_policy``):
+
+* ``"raise"`` (default): the error reaches the training loop, naming the key;
+* ``"skip"``: the sample is dropped from its batch (the batch is one shorter);
+* ``"replace"``: the next good sample (index + 1, + 2, ... modulo the length) stands in, so batch
+  sizes, epoch length and resume state stay exact; deterministic, as it depends on the index only.
+
+Every bad sample is written once per process to a quarantine file (``position<TAB>key<TAB>reason``,
+the format of ``fastloader scan`` and ``pack``'s skipped list), which is also how the counts of all
+worker processes meet: appends of one short line are atomic, and ``stats()`` reads the file.
+``max_errors`` (a count, or a fraction of the dataset when < 1) turns too many bad samples into one
+clear ``TooManyBadSamples`` error. An exclusion list from ``fastloader scan`` marks samples bad
+before they are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from fastloader.errors import FastloaderError
+
+MODES = ("raise", "skip", "replace")
+_MAX_TRIES = 16  # substitutes tried before giving up: more consecutive bad samples means a broken dataset
+_LOG = logging.getLogger("fastloader")
+R = TypeVar("R")
+
+
+class TooManyBadSamples(FastloaderError, RuntimeError):
+    """More bad samples than ``max_errors`` allows."""
+
+
+@dataclass(frozen=True)
+class BadSample:
+    position: int
+    key: str
+    reason: str
+
+
+class ErrorPolicy:
+    """One dataset's policy; picklable (worker processes share it through the quarantine file)."""
+
+    def __init__(
+        self,
+        mode: str,
+        length: int,
+        max_errors: float | None = None,
+        quarantine: str | os.PathLike[str] | None = None,
+        excluded: Iterable[int] = (),
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"on_error must be one of {', '.join(MODES)}, got {mode!r}")
+        if max_errors is not None and (isinstance(max_errors, bool) or max_errors < 0):
+            raise ValueError(f"max_errors must be a count >= 0 or a fraction < 1, got {max_errors!r}")
+        self.mode = mode
+        self.length = length
+        self.budget = None if max_errors is None else (max_errors * length if max_errors < 1 else max_errors)
+        if quarantine is None:
+            fd, quarantine = tempfile.mkstemp(prefix="fastloader-quarantine-", suffix=".tsv")
+            os.close(fd)
+        self.quarantine = os.fspath(quarantine)
+        self.excluded = np.unique(np.fromiter(excluded, dtype=np.int64))
+        self._reported: set[str] = set()  # keys this process already wrote
+
+    def is_excluded(self, index: int) -> bool:
+        position = int(np.searchsorted(self.excluded, index))
+        return position < self.excluded.size and int(self.excluded[position]) == index
+
+    def record(self, index: int, key: str, error: BaseException | str) -> None:
+        """Report a bad sample once (log + quarantine line), then enforce the budget."""
+        reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        reason = reason.replace("\t", " ").replace("\n", " ")
+        bad = self.bad_samples()
+        if key not in self._reported and all(sample.key != key for sample in bad):
+            # Once for the whole run: other processes (earlier epochs' workers) may have reported it.
+            _LOG.warning("bad sample %s (position %d): %s", key, index, reason)
+            with open(self.quarantine, "a", encoding="utf-8", errors="surrogateescape") as file:
+                file.write(f"{index}\t{key}\t{reason}\n")
+            bad.append(BadSample(index, key, reason))
+        self._reported.add(key)
+        if self.budget is not None and len(bad) > self.budget:
+            raise TooManyBadSamples(
+                f"{len(bad)} bad samples, more than max_errors allows ({self.budget:g} of {self.length}); "
+                f"the first: {bad[0].key}: {bad[0].reason} (all listed in {self.quarantine})"
+            )
+
+    def bad_samples(self) -> list[BadSample]:
+        """Every bad sample any process reported, once each, in the order they were found."""
+        seen: dict[str, BadSample] = {}
+        try:
+            with open(self.quarantine, encoding="utf-8", errors="surrogateescape") as file:
+                for line in file:
+                    parts = line.rstrip("\n").split("\t", 2)
+                    if len(parts) == 3 and parts[0].isdigit() and parts[1] not in seen:
+                        seen[parts[1]] = BadSample(int(parts[0]), parts[1], parts[2])
+        except FileNotFoundError:
+            pass
+        return list(seen.values())
+
+    def stats(self) -> dict[str, Any]:
+        bad = self.bad_samples()
+        return {
+            "on_error": self.mode,
+            "bad_samples": len(bad),
+            "by_reason": dict(Counter(sample.reason.split(":", 1)[0] for sample in bad)),
+            "excluded": int(self.excluded.size),
+            "quarantine": self.quarantine,
+        }
+
+    def substitutes(self, index: int) -> Iterator[int]:
+        """The samples tried in place of a bad ``index``, nearest first, excluded ones left out."""
+        for step in range(1, min(_MAX_TRIES, self.length - 1) + 1):
+            candidate = (index + step) % self.length
+            if not self.is_excluded(candidate):
+                yield candidate
+
+    def fetch(
+        self, index: int, key: Callable[[int], str], produce: Callable[[int], R], allow_skip: bool = True
+    ) -> R | None:
+        """``produce(index)`` under the policy: its value, a substitute's (replace, or skip where a
+        sample cannot be dropped), None (skip), or raise."""
+        first = self._attempt(index, key, produce)
+        if first is not None:
+            return first[0]
+        if self.mode == "skip" and allow_skip:
+            return None
+        for candidate in self.substitutes(index):
+            result = self._attempt(candidate, key, produce)
+            if result is not None:
+                return result[0]
+        raise TooManyBadSamples(
+            f"sample {index} ({key(index)}) and the {_MAX_TRIES} after it are all bad (listed in {self.quarantine})"
+        )
+
+    def _attempt(self, index: int, key: Callable[[int], str], produce: Callable[[int], R]) -> tuple[R] | None:
+        if self.is_excluded(index):
+            return None  # listed by `fastloader scan`: not read again
+        try:
+            return (produce(index),)
+        except Exception as error:  # noqa: BLE001 - any failure of one sample is that sample's, by policy
+            self.record(index, _safe_key(key, index), error)
+            if self.mode == "raise":
+                raise
+            return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reported": set()}
+
+
+def _safe_key(key: Callable[[int], str], index: int) -> str:
+    try:
+        return key(index)
+    except Exception:  # noqa: BLE001 - the key of a broken record may itself be unreadable
+        return f"#{index}"
+
+
+def read_exclusions(path: str | os.PathLike[str]) -> list[int]:
+    """Positions listed in a ``fastloader scan`` report (or ``pack``'s skipped list)."""
+    positions = []
+    with open(path, encoding="utf-8", errors="surrogateescape") as file:
+        for number, line in enumerate(file, 1):
+            first = line.split("\t", 1)[0].strip()
+            if first.isdigit():
+                positions.append(int(first))
+            elif first and number > 1:
+                raise ValueError(f"{path}:{number}: expected 'position<TAB>key<TAB>reason', got {line.strip()!r}")
+    return positions

@@ -1,0 +1,90 @@
+"""Bad samples under each policy: raise names the key, skip drops, replace keeps batches exact;
+counted across real worker processes, budgeted, and excluded from a `fastloader scan` report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastloader import DataLoaderX
+from fastloader import transforms as T
+from fastloader.datasets import ImageFolder
+from fastloader.datasets.error_policy import TooManyBadSamples
+from fastloader.scan import scan
+from tests.images import image_bytes, write_image_folder
+
+BAD = ["class_0/zz_truncated.jpg", "class_1/zz_empty.jpg", "class_2/zz_text.jpg"]
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    root = tmp_path / "images"
+    write_image_folder(root, count=33)
+    truncated = image_bytes(3)
+    (root / "class_0" / "zz_truncated.jpg").write_bytes(truncated[: len(truncated) // 3])
+    (root / "class_1" / "zz_empty.jpg").write_bytes(b"")
+    (root / "class_2" / "zz_text.jpg").write_text("not an image")
+    return root
+
+
+def dataset(root: Path, fused: bool) -> ImageFolder:
+    transform = T.Compose([T.Resize(24), T.CenterCrop(24)]) if fused else None
+    return ImageFolder(root, transform=transform, index_path=root.parent / f"index-{fused}")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_raise_names_the_key(folder: Path, fused: bool) -> None:
+    ds = dataset(folder, fused)
+    ds.set_error_policy("raise", quarantine=folder.parent / "q.tsv")
+    bad = next(i for i in range(len(ds)) if ds.source.key(i) == BAD[1])
+    with pytest.raises(Exception, match="zz_empty.jpg|empty"):
+        ds[bad]
+    assert ds.error_stats()["bad_samples"] == 1
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_replace_keeps_batch_sizes_and_counts_every_bad_sample_once(folder: Path, fused: bool, workers: int) -> None:
+    ds = dataset(folder, fused)
+    ds.set_error_policy("replace", quarantine=folder.parent / "q.tsv")
+    loader = DataLoaderX(ds, batch_size=6, num_workers=workers, collate_fn=None if fused else lambda b: b)
+    for _ in range(2):
+        sizes = [len(batch[1]) if fused else len(batch) for batch in loader]
+        assert sizes == [6] * 6, "replace keeps every batch full"
+    stats = loader.stats()
+    assert stats["bad_samples"] == 3 and sum(stats["by_reason"].values()) == 3
+    assert sorted(line.split("\t")[1] for line in (folder.parent / "q.tsv").read_text().splitlines()) == BAD
+
+
+def test_skip_drops_bad_samples_from_their_batch(folder: Path) -> None:
+    ds = dataset(folder, fused=True)
+    ds.set_error_policy("skip", quarantine=folder.parent / "q.tsv")
+    images = torch.cat([images for images, _ in DataLoaderX(ds, batch_size=6, num_workers=2)])
+    assert images.shape[0] == 33 and images.dtype == torch.uint8
+
+
+def test_the_budget_turns_a_flood_into_one_clear_error(folder: Path) -> None:
+    ds = dataset(folder, fused=True)
+    ds.set_error_policy("replace", max_errors=2, quarantine=folder.parent / "q.tsv")
+    with pytest.raises(TooManyBadSamples, match="3 bad samples, more than max_errors allows"):
+        for _ in DataLoaderX(ds, batch_size=6):
+            pass
+
+
+def test_a_scan_report_excludes_samples_before_they_are_read(folder: Path) -> None:
+    report = scan(folder, workers=0, progress=False)
+    ds = dataset(folder, fused=True)
+    ds.set_error_policy("raise", exclude=report.report, quarantine=folder.parent / "q.tsv")
+    batches = list(DataLoaderX(ds, batch_size=6))
+    assert sum(len(labels) for _, labels in batches) == 36
+    assert ds.error_stats()["bad_samples"] == 0 and ds.error_stats()["excluded"] == 3
+
+
+def test_bad_arguments_are_named(folder: Path) -> None:
+    ds = dataset(folder, fused=True)
+    with pytest.raises(ValueError, match="on_error"):
+        ds.set_error_policy("ignore")
+    with pytest.raises(ValueError, match="max_errors"):
+        ds.set_error_policy("skip", max_errors=-1)
