@@ -86,18 +86,41 @@ def is_jpeg(data: bytes | memoryview) -> bool:
     return bytes(data[:2]) == _JPEG_SOI
 
 
+def _pixel_limit() -> int | None:
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS
+
+
+def check_pixels(width: int, height: int, key: str) -> None:
+    """Refuse, before decoding, an image larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (a decompression
+    bomb: a few KB of file that decode to gigabytes). Raise the limit there to accept larger images."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise DecodeError(
+            f"{key}: {width}x{height} = {width * height} pixels exceeds the limit of {limit}"
+            " (PIL.Image.MAX_IMAGE_PIXELS; a decompression bomb?)"
+        )
+
+
 def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
-    """``(width, height)`` of an encoded image, from its header alone."""
+    """``(width, height)`` of an encoded image, from its header alone; refuses decompression bombs."""
     ext = _jpeg_ext()
+    size: tuple[int, int] | None = None
     if ext is not None and is_jpeg(data):
         try:
             width, height, _ = ext.jpeg_info(data)
-            return int(width), int(height)
+            size = int(width), int(height)
         except _EXT_FALLBACK:
             pass  # PIL reads it, or names what is wrong with it
-    with _decode_errors(key):
-        width, height = _open(data).size
-        return int(width), int(height)
+    if size is None:
+        with _decode_errors(key):
+            width, height = _open(data).size
+            size = int(width), int(height)
+    check_pixels(*size, key)
+    return size
 
 
 def decode_plan(
@@ -124,7 +147,7 @@ def decode_plan(
         except _EXT_FALLBACK:
             pass
     with _decode_errors(key):
-        _decode_with_pil(data, plan, out)
+        _decode_with_pil(data, plan, out, key)
     return out
 
 
@@ -159,9 +182,10 @@ def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]
     return 1
 
 
-def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray) -> None:
+def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str) -> None:
     image = _open(data)
     width, height = image.size
+    check_pixels(width, height, key)
     region = visible_region(plan, width, height)
     scale = 1
     if region is not None and image.format == "JPEG":
@@ -187,6 +211,8 @@ def _decode_with_ext(ext: ModuleType, data: bytes, plan: CropPlan, out: np.ndarr
     from PIL import Image
 
     width, height, _ = ext.jpeg_info(data)
+    if (limit := _pixel_limit()) is not None and width * height > limit:
+        raise ValueError("over the pixel limit")  # the PIL path refuses it, naming the key
     region = visible_region(plan, width, height)
     if region is None:
         out[...] = 0

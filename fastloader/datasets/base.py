@@ -38,7 +38,7 @@ from torch.utils.data import Dataset
 
 from fastloader.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
-from fastloader.decode import image_size
+from fastloader.decode import check_pixels, image_size
 from fastloader.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.errors import DecodeError
 from fastloader.transforms.fused import FusedTransform
@@ -77,10 +77,13 @@ def decode_pil(data: bytes, key: str = "<bytes>") -> Any:
 
     try:
         image: Image.Image = Image.open(io.BytesIO(data))
+        check_pixels(*image.size, key)  # before decoding: a decompression bomb never allocates
         image.load()
         if image.mode == "P" and "transparency" in image.info:
             image = image.convert("RGBA")  # the documented path for palette transparency (no warning)
         return image if image.mode == "RGB" else image.convert("RGB")
+    except DecodeError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
         raise DecodeError(f"{key}: cannot decode image ({type(error).__name__}: {error})") from error
 
