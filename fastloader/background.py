@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -74,11 +74,11 @@ class _Channel:
         self.drain()  # the producer may have put one last item before it saw the flag
 
 
-def _produce(holder: list[Iterator[object]], channel: _Channel) -> None:
+def _produce(holder: list[Iterator[object]], channel: _Channel, on_exit: Callable[[], None] | None) -> None:
     # The source arrives in a list that is emptied here, so that Thread's saved arguments do not
     # keep it alive after this function lets go of it.
     source = holder.pop()
-    end = _End(None)
+    end: _End | None = _End(None)
     try:
         while not channel.stop.is_set():
             try:
@@ -86,7 +86,8 @@ def _produce(holder: list[Iterator[object]], channel: _Channel) -> None:
             except StopIteration:
                 break
             if not channel.put(item):
-                return
+                end = None  # the consumer left: nobody to tell
+                break
             del item  # do not keep the last item alive while waiting in next(source)
     except BaseException as error:  # noqa: BLE001 - forwarded to the consumer, re-raised there
         end = _End(error)
@@ -94,7 +95,10 @@ def _produce(holder: list[Iterator[object]], channel: _Channel) -> None:
         # Release the source from this thread now that it is done (a DataLoader iterator's
         # workers shut down when their iterator is freed).
         del source
-    channel.put(end)
+    if end is not None:
+        channel.put(end)  # the consumer learns first; cleaning up may take seconds (stuck workers)
+    if on_exit is not None:
+        on_exit()
 
 
 class BackgroundGenerator(Iterator[T], Generic[T]):
@@ -110,10 +114,18 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
             first = next(records)
 
     Exceptions raised by the iterable are re-raised here, after the items produced before them,
-    with their original traceback.
+    with their original traceback. ``on_exit`` (optional) runs in the producer thread once it is
+    done, after the end (or the error) was handed over: slow clean-up never delays the consumer.
     """
 
-    def __init__(self, iterable: Iterable[T], max_prefetch: int = 1, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        iterable: Iterable[T],
+        max_prefetch: int = 1,
+        *,
+        name: str | None = None,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1 (the queue is bounded), got {max_prefetch!r}")
         self.max_prefetch = max_prefetch
@@ -121,7 +133,7 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         self._done = False
         thread = threading.Thread(
             target=_produce,
-            args=([iter(iterable)], self._channel),
+            args=([iter(iterable)], self._channel, on_exit),
             name=name or "fastloader-prefetch",
             daemon=True,
         )
@@ -140,7 +152,8 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         if not isinstance(item, _End):
             return item  # type: ignore[return-value]
         self._done = True
-        self.close()
+        # The producer has said its last word; its on_exit clean-up may still run: do not wait for it.
+        self.close(timeout=0.0)
         error = item.error
         del item
         if error is None:
@@ -164,12 +177,13 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
                     except queue.Empty:
                         return _End(None)
 
-    def close(self) -> None:
-        """Stop the producer thread and drop prefetched items. Safe to call more than once."""
+    def close(self, timeout: float = _JOIN_TIMEOUT_S) -> None:
+        """Stop the producer thread and drop prefetched items, waiting at most ``timeout`` seconds
+        for the thread to end (it always ends soon after). Safe to call more than once."""
         self._done = True
         if self._finalizer.alive:
             self._finalizer.detach()
-            self._channel.shutdown(_JOIN_TIMEOUT_S)
+            self._channel.shutdown(timeout)
 
     def is_alive(self) -> bool:
         """True while the producer thread runs."""

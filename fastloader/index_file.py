@@ -95,12 +95,20 @@ def read_index(path: str | os.PathLike[str], kind: str, version: int) -> IndexFi
         if isinstance(error, FormatError):
             raise
         raise FormatError(f"{path}: unreadable index ({error})") from error
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: the index header is not a JSON object")
     if header.get("kind") != kind or header.get("version") != version:
         raise FormatError(
             f"{path}: a {header.get('kind')!r} index of version {header.get('version')}, expected {kind!r} v{version}"
         )
-    arrays = {name: _map_array(path, size, name, spec) for name, spec in header["arrays"].items()}
-    return IndexFile(path, kind, version, header["meta"], arrays)
+    try:
+        arrays = {name: _map_array(path, size, name, spec) for name, spec in header["arrays"].items()}
+        meta = dict(header["meta"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        if isinstance(error, FormatError):
+            raise
+        raise FormatError(f"{path}: malformed index header ({type(error).__name__}: {error})") from None
+    return IndexFile(path, kind, version, meta, arrays)
 
 
 def _map_array(path: str, size: int, name: str, spec: Mapping[str, Any]) -> np.ndarray:

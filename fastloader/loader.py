@@ -27,6 +27,7 @@ from fastloader.resume import Progress, apply_state, choose_sampler, rebuilt_wit
 from fastloader.samplers._epoch import check_nonnegative_int
 
 T_co = TypeVar("T_co", covariant=True)
+_QUICK_JOIN_S = 0.5  # how long the training loop waits for a finished producer thread to end
 
 
 class DataLoaderX(DataLoader[T_co]):
@@ -256,12 +257,15 @@ class _PrefetchIterator(Iterator[Any]):
         self._source = source
         self._progress = progress if progress is not None else Progress(0)
         self._copier = copier
-        produced: Iterator[Any] = _drain(source, owns_workers)
+        produced: Iterator[Any] = source
         if copier is not None:
             consumer = torch.cuda.current_stream(copier.device)
             produced = map(functools.partial(copier.send, consumer=consumer), produced)
         self._background: BackgroundGenerator[Any] = BackgroundGenerator(
-            produced, max_prefetch, name="fastloader-dataloaderx"
+            produced,
+            max_prefetch,
+            name="fastloader-dataloaderx",
+            on_exit=functools.partial(_shutdown_workers, source) if owns_workers else None,
         )
 
     def __iter__(self) -> _PrefetchIterator:
@@ -274,7 +278,9 @@ class _PrefetchIterator(Iterator[Any]):
             # The end of the epoch, an error from a worker / collate / the copy, or Ctrl-C while
             # waiting: stop the thread (and with it the workers) now, not when the traceback lets go.
             self._progress.done = isinstance(error, StopIteration)
-            self.close()
+            # The producer has handed over its last word; it stops the workers on its own, which
+            # may take torch 5 s for a stuck worker: the training loop does not wait for that.
+            self._background.close(timeout=_QUICK_JOIN_S)
             raise
         if self._copier is not None:
             item = self._copier.receive(item)
@@ -292,7 +298,7 @@ class _PrefetchIterator(Iterator[Any]):
         # An early ``break`` drops the iterator: stop the thread and the workers now, not whenever
         # the producer happens to notice.
         try:
-            self.close()
+            self._background.close(timeout=_QUICK_JOIN_S)
         except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
             pass
 
@@ -331,11 +337,9 @@ def _setup_decode(dataset: Any, decode_on: str, device: torch.device) -> bool:
     return True
 
 
-def _drain(source: Iterator[Any], owns_workers: bool) -> Iterator[Any]:
-    """Yield from torch's iterator; on the way out (in the producer thread) shut its workers down."""
-    try:
-        yield from source
-    finally:
-        shutdown = getattr(source, "_shutdown_workers", None)
-        if owns_workers and callable(shutdown):
-            shutdown()
+def _shutdown_workers(source: Iterator[Any]) -> None:
+    """Stop torch's workers: in the producer thread, after the consumer has the end of the epoch
+    (or its error), since joining a stuck worker takes torch up to 5 s."""
+    shutdown = getattr(source, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()

@@ -77,7 +77,7 @@ def test_exception_raised_at_its_position_with_original_traceback() -> None:
     assert got == list(range(7))
     frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
     assert "raise_in_producer" in frames and "failing_after" in frames
-    assert not gen.is_alive()
+    assert wait_until(lambda: not gen.is_alive(), 2.0)  # it ends on its own right after its last word
     with pytest.raises(StopIteration):  # an exception ends the iteration, as it ends a generator
         next(gen)
 

@@ -154,3 +154,29 @@ def test_keyboard_interrupt_stops_everything_within_5s() -> None:
         assert wait_until(lambda: not any(pid_alive(pid) for pid in worker_pids), 5.0)
     finally:
         child.kill()
+
+
+class StallsAt(Slow):
+    """Item ``stall`` never comes back (a hung network filesystem)."""
+
+    def __init__(self, stall: int) -> None:
+        super().__init__(n=20, delay=0.0)
+        self.stall = stall
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.stall:
+            time.sleep(60)
+        return i
+
+
+def test_a_stalled_worker_with_timeout_is_an_error_within_timeout_plus_1s() -> None:
+    before = prefetch_threads()
+    loader = DataLoaderX(StallsAt(5), batch_size=1, num_workers=1, timeout=2)
+    seen = []
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 2 seconds"):
+        for batch in loader:
+            seen.append(int(batch))
+    assert time.monotonic() - start < 2 + 1 + 0.5  # the stall begins right away: 5 fast items first
+    assert seen == [0, 1, 2, 3, 4]
+    assert settled(before, timeout=8.0)  # torch gives a stuck worker 5 s to exit before terminating it

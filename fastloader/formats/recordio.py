@@ -109,9 +109,9 @@ def unpack(payload: bytes | memoryview, where: str = "<payload>") -> tuple[IRHea
 
 
 def integer_label(label: float, where: str) -> int:
-    """``label`` (stored as float32) as a class index; ValueError when it is not a whole number."""
+    """``label`` (stored as float32) as a class index; FormatError when it is not a whole number."""
     if not math.isfinite(label) or label != int(label):
-        raise ValueError(f"{where}: label {label} is not a class index (a whole number)")
+        raise FormatError(f"{where}: label {label} is not a class index (a whole number)")
     return int(label)
 
 
