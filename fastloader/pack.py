@@ -168,9 +168,25 @@ def _open_sink(
 
 def _abandon(sink: Sink) -> None:
     """Keep what an interrupted pack handed over, if the sink still can, and close it."""
+    # Already on an error path (a full disk fails these too): the first error is the one to report.
     with contextlib.suppress(Exception):
         sink.checkpoint()
-    sink.close()
+    with contextlib.suppress(Exception):
+        sink.close()
+
+
+def _raise_write_error(error: BaseException, dst: str) -> None:
+    """Name the destination and the remedy when writing failed (a full disk, an unwritable path):
+    LMDB says only "Input/output error", and OSError does not always name the file."""
+    import lmdb
+
+    if isinstance(error, (OSError, lmdb.Error)) and not isinstance(error, FileNotFoundError):
+        raise OSError(
+            getattr(error, "errno", None) or 0,
+            f"{dst}: writing the pack failed ({type(error).__name__}: {error}). Is the disk full or the"
+            " destination unwritable? What was committed is kept, and it is not a complete pack: free"
+            " space and run the same command again to resume.",
+        ) from error
 
 
 def report_path(dst: str | os.PathLike[str]) -> str:
@@ -291,8 +307,9 @@ def pack(
             skipped = sink.skipped()
             classes = getattr(source, "classes", None)
             sink.finish(None if classes is None else list(classes), {"source": src_name, "source_kind": kind})
-        except BaseException:
+        except BaseException as error:
             _abandon(sink)
+            _raise_write_error(error, dst)
             raise
     report = None
     if skipped:

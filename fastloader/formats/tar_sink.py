@@ -144,7 +144,10 @@ class _OpenShard:
         self.file.close()
 
     def discard(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()  # may fail to flush (a full disk): the file goes anyway
+        except OSError:
+            pass
         self.temp.unlink(missing_ok=True)
 
 
