@@ -10,7 +10,7 @@ import torch
 
 from fastloader import DataLoaderX
 from fastloader import transforms as T
-from fastloader.datasets import ImageFolder
+from fastloader.datasets import ImageFolder, LMDBDataset, RecordIODataset, TarShardDataset, TFRecordDataset
 from fastloader.datasets.error_policy import TooManyBadSamples
 from fastloader.scan import scan
 from tests.images import image_bytes, write_image_folder
@@ -88,3 +88,88 @@ def test_bad_arguments_are_named(folder: Path) -> None:
         ds.set_error_policy("ignore")
     with pytest.raises(ValueError, match="max_errors"):
         ds.set_error_policy("skip", max_errors=-1)
+
+
+def bad_among_good(count: int = 10, bad: int = 3) -> list[bytes]:
+    images = [image_bytes(i) for i in range(count)]
+    images[bad] = images[bad][:200]  # truncated
+    return images
+
+
+def write_lmdb(path: Path, images: list[bytes]) -> Path:
+    from fastloader.formats.lmdb_sink import LMDBSink
+
+    sink = LMDBSink(path, {"test": "bad among good"})
+    for i, data in enumerate(images):
+        sink.add(i, f"img{i}.jpg", i, data)
+    sink.finish(None, {})
+    return path
+
+
+def write_recordio(path: Path, images: list[bytes]) -> Path:
+    from fastloader.formats.recordio import RecordIOWriter, single_label
+    from fastloader.formats.recordio import pack as pack_record
+
+    with RecordIOWriter(path, path.with_suffix(".idx")) as writer:
+        for i, data in enumerate(images):
+            writer.write(i, pack_record(single_label(i, i), data))
+    return path
+
+
+def write_tfrecord(path: Path, images: list[bytes]) -> Path:
+    from fastloader.formats.protobuf import bytes_feature, encode_example, int64_feature
+    from fastloader.formats.tfrecord import TFRecordWriter
+
+    with TFRecordWriter(path) as writer:
+        for i, data in enumerate(images):
+            writer.write(encode_example({"image/encoded": bytes_feature(data), "image/class/label": int64_feature(i)}))
+    return path
+
+
+def write_tar(path: Path, images: list[bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for i, data in enumerate(images):
+            for name, blob in ((f"s{i:02d}.jpg", data), (f"s{i:02d}.cls", str(i).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(blob)
+                tar.addfile(info, io.BytesIO(blob))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "write", "open_dataset"),
+    [
+        (
+            "lmdb",
+            write_lmdb,
+            lambda p, tf: LMDBDataset(p, transform=tf),
+        ),
+        (
+            "rec",
+            write_recordio,
+            lambda p, tf: RecordIODataset(p, transform=tf),
+        ),
+        (
+            "tfrecord",
+            write_tfrecord,
+            lambda p, tf: TFRecordDataset(str(p), transform=tf),
+        ),
+        (
+            "tar",
+            write_tar,
+            lambda p, tf: TarShardDataset(str(p), transform=tf),
+        ),
+    ],
+)
+def test_every_dataset_type_replaces_a_bad_record(
+    tmp_path: Path, kind: str, write: object, open_dataset: object
+) -> None:
+    path = write(tmp_path / f"data.{kind}", bad_among_good())  # type: ignore[operator]
+    ds = open_dataset(path, T.Compose([T.Resize(16), T.CenterCrop(16)]))  # type: ignore[operator]
+    ds.set_error_policy("replace", quarantine=tmp_path / "q.tsv")
+    labels = torch.cat([labels for _, labels in DataLoaderX(ds, batch_size=4, num_workers=2)]).tolist()
+    assert len(labels) == 10 and 3 not in labels and labels.count(4) == 2, "record 3 replaced by record 4"
+    assert ds.error_stats()["bad_samples"] == 1
