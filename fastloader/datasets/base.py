@@ -170,12 +170,14 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
         """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""
 
+        if self._errors is None:  # the hot path: no closure per sample
+            self._decode_into(fused, index, out)
+            return (self._label(index),)
+
         def produce(i: int) -> tuple[Any]:
             self._decode_into(fused, i, out)
             return (self._label(i),)
 
-        if self._errors is None:
-            return produce(index)
         return self._errors.fetch(index, self.source.key, produce)
 
     def set_error_policy(

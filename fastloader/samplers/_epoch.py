@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
+from torch.utils.data import Sampler
 
 # Indices are converted to Python ints a chunk at a time: ``tolist()`` is ~10x cheaper per item
 # than indexing the array item by item, and a chunk keeps the transient list small (~2.5 MB).
@@ -127,7 +128,7 @@ class _Progress:
 class EpochCursor:
     """Epoch, seed and resume offset of one sampler; walks an epoch's order from the right offset.
 
-    Samplers hold one (composition) and delegate ``set_epoch``, ``state_dict``, ``load_state_dict``
+    :class:`EpochSampler` holds one and delegates ``set_epoch``, ``state_dict``, ``load_state_dict``
     and ``__iter__`` to it.
     """
 
@@ -177,3 +178,38 @@ def _walk(order_of: Callable[[int], Order], progress: _Progress) -> Iterator[int
         chunk = order[begin : begin + _CHUNK]
         items = chunk.tolist() if isinstance(chunk, np.ndarray) else chunk
         yield from progress.enter(items, begin + len(items))
+
+
+class EpochSampler(Sampler[int]):
+    """What every fastloader sampler shares: an :class:`EpochCursor` (epoch, seed, resume offset)
+    walking ``epoch_indices(epoch)``, ``num_samples`` items an epoch. Subclasses set ``_cursor`` and
+    ``num_samples`` and define ``epoch_indices``."""
+
+    num_samples: int
+    _cursor: EpochCursor
+
+    @property
+    def seed(self) -> int:
+        return self._cursor.seed
+
+    @property
+    def epoch(self) -> int:
+        return self._cursor.epoch
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self._cursor.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        return self._cursor.state().to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._cursor.load(state, self.num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        return self._cursor.iterate(self.epoch_indices)
+
+    def __len__(self) -> int:
+        return self.num_samples

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sized
-from typing import Any
+from collections.abc import Iterator, Sized
 
 import numpy as np
-from torch.utils.data import Sampler
 
 from fastloader.samplers._epoch import (
     EpochCursor,
+    EpochSampler,
     check_nonnegative_int,
     epoch_rng,
     index_dtype,
@@ -18,7 +17,7 @@ from fastloader.samplers._epoch import (
 )
 
 
-class RandomSampler(Sampler[int]):
+class RandomSampler(EpochSampler):
     """Random order, reshuffled per epoch: ``torch.utils.data.RandomSampler`` made deterministic.
 
     The order of an epoch is ``np.random.Generator(PCG64([seed, epoch])).permutation(n)`` (the first
@@ -47,14 +46,6 @@ class RandomSampler(Sampler[int]):
             raise ValueError(f"num_samples is {self.num_samples}, but there is nothing to sample from (length 0)")
         self._cursor = EpochCursor(seed)
 
-    @property
-    def seed(self) -> int:
-        return self._cursor.seed
-
-    @property
-    def epoch(self) -> int:
-        return self._cursor.epoch
-
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """The whole order of ``epoch`` as a new array (int32 while indices fit, else int64)."""
         epoch = check_nonnegative_int(epoch, "epoch")
@@ -70,23 +61,8 @@ class RandomSampler(Sampler[int]):
             order[begin : begin + count] = permutation(rng, self.length)[:count]
         return order
 
-    def set_epoch(self, epoch: int) -> None:
-        self._cursor.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, int]:
-        return self._cursor.state().to_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._cursor.load(state, self.num_samples)
-
-    def __iter__(self) -> Iterator[int]:
-        return self._cursor.iterate(self.epoch_indices)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-
-class SequentialSampler(Sampler[int]):
+class SequentialSampler(EpochSampler):
     """``0, 1, ..., n - 1`` every epoch, in O(1) memory; resumable like the other samplers.
 
     ``set_epoch`` changes nothing in the order but is recorded, so that a state saved from it names
@@ -97,28 +73,13 @@ class SequentialSampler(Sampler[int]):
         super().__init__()
         self.data_source = data_source_or_length
         self.length = length_of(data_source_or_length)
+        self.num_samples = self.length
         self._cursor = EpochCursor(seed)  # the seed only travels in the state, for uniformity
-
-    @property
-    def epoch(self) -> int:
-        return self._cursor.epoch
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """``np.arange(n)`` (int32 while indices fit, else int64), as a new array."""
         check_nonnegative_int(epoch, "epoch")
         return np.arange(self.length, dtype=index_dtype(self.length))
 
-    def set_epoch(self, epoch: int) -> None:
-        self._cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, int]:
-        return self._cursor.state().to_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._cursor.load(state, self.length)
-
     def __iter__(self) -> Iterator[int]:
         return self._cursor.iterate(lambda _epoch: range(self.length))  # no array needed
-
-    def __len__(self) -> int:
-        return self.length

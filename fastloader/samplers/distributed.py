@@ -8,10 +8,10 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Sampler
 
 from fastloader.samplers._epoch import (
     EpochCursor,
+    EpochSampler,
     check_nonnegative_int,
     epoch_rng,
     index_dtype,
@@ -40,7 +40,7 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an int, got {raw!r}") from None
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(EpochSampler):
     """The part of each epoch that belongs to one rank: ``torch.utils.data.DistributedSampler``'s semantics.
 
     Every rank computes the same epoch order (``np.random.Generator(PCG64([seed, epoch]))``, the same
@@ -92,14 +92,6 @@ class DistributedSampler(Sampler[int]):
         self.total_size = self.num_samples * self.num_replicas
         self._cursor = EpochCursor(seed)
         self._resume: tuple[int, int] | None = None  # (global position, layout's num_replicas) for the next iter()
-
-    @property
-    def seed(self) -> int:
-        return self._cursor.seed
-
-    @property
-    def epoch(self) -> int:
-        return self._cursor.epoch
 
     def global_indices(self, epoch: int) -> np.ndarray:
         """The epoch order of all ranks together, padded or cut to ``total_size`` (before the split)."""
@@ -154,13 +146,10 @@ class DistributedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self._resume = None
-        self._cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, int]:
-        return self._cursor.state().to_dict()
+        super().set_epoch(epoch)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._cursor.load(state, self.num_samples)
+        super().load_state_dict(state)
         self._resume = None
 
     def __iter__(self) -> Iterator[int]:
@@ -168,7 +157,4 @@ class DistributedSampler(Sampler[int]):
             position, num_replicas = self._resume
             self._resume = None
             return self._cursor.iterate(lambda epoch: self.remaining_indices(epoch, position, num_replicas))
-        return self._cursor.iterate(self.epoch_indices)
-
-    def __len__(self) -> int:
-        return self.num_samples
+        return super().__iter__()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
 
-from fastloader.samplers._epoch import EpochCursor, check_nonnegative_int, epoch_rng, index_dtype
+from fastloader.samplers._epoch import EpochCursor, EpochSampler, check_nonnegative_int, epoch_rng, index_dtype
 
 # Uniform draws are made this many at a time: 8 MB of float64 instead of 8 bytes per sample at once.
 _DRAW_CHUNK = 1 << 20
@@ -44,7 +43,7 @@ def _as_weights(weights: np.ndarray | torch.Tensor | Sequence[float]) -> np.ndar
     return array
 
 
-class WeightedRandomSampler(Sampler[int]):
+class WeightedRandomSampler(EpochSampler):
     """``num_samples`` indices drawn with probability proportional to ``weights``: torch's sampler,
     with the draws a function of (seed, epoch).
 
@@ -75,14 +74,6 @@ class WeightedRandomSampler(Sampler[int]):
             )
         self._last_positive = int(positive[-1])
         self._cursor = EpochCursor(seed)
-
-    @property
-    def seed(self) -> int:
-        return self._cursor.seed
-
-    @property
-    def epoch(self) -> int:
-        return self._cursor.epoch
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """The draws of ``epoch`` as a new array (int32 while indices fit, else int64)."""
@@ -121,18 +112,3 @@ class WeightedRandomSampler(Sampler[int]):
             chosen = np.arange(keys.size)
         chosen = chosen[np.argsort(keys[chosen], kind="stable")]
         return chosen.astype(index_dtype(self.weights.size))
-
-    def set_epoch(self, epoch: int) -> None:
-        self._cursor.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, int]:
-        return self._cursor.state().to_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._cursor.load(state, self.num_samples)
-
-    def __iter__(self) -> Iterator[int]:
-        return self._cursor.iterate(self.epoch_indices)
-
-    def __len__(self) -> int:
-        return self.num_samples
