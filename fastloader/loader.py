@@ -10,6 +10,7 @@ Data flow of one epoch::
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import warnings
 import weakref
@@ -20,10 +21,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_convert
 
 from fastloader.background import BackgroundGenerator
+from fastloader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.device import CudaCopier, DeviceLike, on_device, resolve_device
 from fastloader.gpu_decode import decode_encoded
 from fastloader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
-from fastloader.resume import Progress, apply_state, choose_sampler, rebuilt_with, state_of
+from fastloader.resume import Progress, apply_state, begin, state_of
 from fastloader.samplers._epoch import check_nonnegative_int
 
 T_co = TypeVar("T_co", covariant=True)
@@ -38,7 +40,8 @@ class DataLoaderX(DataLoader[T_co]):
     accelerate reads them with ``getattr``). The extras are keyword-only:
 
     Args:
-        local_rank: deliver batches to ``cuda:local_rank`` (DDP). Without CUDA, batches stay on the CPU.
+        local_rank: this process's rank on its machine (DDP): batches go to ``cuda:local_rank`` (without
+            CUDA they stay on the CPU), and with more than one rank the dataset is split over the ranks.
         device: where batches go; overrides ``local_rank``. Default: ``cuda:$LOCAL_RANK`` when CUDA is
             present, else the CPU (then nothing is copied, only prefetched).
         max_prefetch: batches held ready ahead of the training loop (a bounded queue).
@@ -52,12 +55,14 @@ class DataLoaderX(DataLoader[T_co]):
         decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream; the
             dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
             encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning.
-        distributed: split a map-style dataset over the ranks (a ``fastloader.samplers.DistributedSampler``
-            with ``shuffle``, ``seed`` and ``drop_last``) when neither ``sampler`` nor ``batch_sampler`` is
-            given. None (default): on when ``torch.distributed`` is initialized with more than one rank.
-        seed: the shuffle seed; orders are a function of (seed, epoch). Given (or when distributed), the
-            default sampler is a resumable ``fastloader.samplers`` one; None keeps torch's own samplers,
-            so batches equal torch's exactly (and ``load_state_dict`` cannot resume them).
+        distributed: split a map-style dataset over the ranks (a ``fastloader.samplers.DistributedSampler``,
+            a subclass of torch's, with ``shuffle``, ``seed`` and ``drop_last``) when neither ``sampler``
+            nor ``batch_sampler`` is given. None (default): only when ``local_rank`` is given and more
+            than one rank runs (never under an initialised accelerate, which shards by itself); frameworks
+            that split the data themselves then see torch's behaviour. See ``fastloader.default_sampler``.
+        seed: the shuffle seed; orders are a function of (seed, epoch), from numpy. None keeps torch's
+            orders exactly (the same batches as torch's loader for the same ``torch.manual_seed`` or
+            ``generator``), still resumable by ``load_state_dict``.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -104,7 +109,9 @@ class DataLoaderX(DataLoader[T_co]):
             raise ValueError(f"distributed must be True, False or None, got {distributed!r}")
         if seed is not None:
             check_nonnegative_int(seed, "seed")
-        ours = choose_sampler(dataset, shuffle, sampler, batch_sampler, drop_last, distributed, seed)
+        ours = choose_sampler(
+            dataset, shuffle, sampler, batch_sampler, drop_last, distributed, local_rank, seed, generator
+        )
         normalize_spec = NormalizeSpec.create(normalize, normalize_dtype, channels_last, random_flip)
         target = resolve_device(local_rank, device)
         if isinstance(collate_fn, NormalizingCollate):
@@ -153,6 +160,8 @@ class DataLoaderX(DataLoader[T_co]):
         self._user_batch_sampler = batch_sampler is not None
         self._epoch = 0  # the epoch of the current (or next) iteration
         self._epoch_set = False  # set_epoch or load_state_dict since the last iter()
+        self._sampler_epoch_at_iter: int | None = None  # the sampler's own epoch at the last iter()
+        self._skip_batches = 0  # index batches the iteration being created skips (resume by replay)
         self._started = False
         self._pending: Progress | None = None  # a loaded state, for the next iter()
         self._progress: Progress | None = None  # the current iteration
@@ -163,10 +172,16 @@ class DataLoaderX(DataLoader[T_co]):
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
         if self._started and not self._epoch_set:
-            self.set_epoch(self._epoch + 1)
+            external = self._sampler_epoch()
+            if external is not None and external != self._sampler_epoch_at_iter:
+                self._epoch = external  # a framework set the sampler's epoch itself (Lightning does): keep it
+            else:
+                self.set_epoch(self._epoch + 1)
         self._started, self._epoch_set = True, False
         progress = self._pending if self._pending is not None else Progress(self._epoch)
         self._pending, self._progress = None, progress
+        self._sampler_epoch_at_iter = self._sampler_epoch()
+        begin(self, progress)
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent:
             # Torch hands out one shared iterator and resets it here: the previous epoch's producer
@@ -174,13 +189,32 @@ class DataLoaderX(DataLoader[T_co]):
             previous = self._live() if self._live is not None else None
             if previous is not None:
                 previous.close()
-        with on_device(self.device):  # torch's pin-memory thread pins for the current device
-            source = super().__iter__()
+        self._skip_batches = progress.skip
+        try:
+            with on_device(self.device):  # torch's pin-memory thread pins for the current device
+                source = super().__iter__()
+        finally:
+            self._skip_batches = 0
         iterator = _PrefetchIterator(
             source, self._get_copier(), self.max_prefetch, owns_workers=not persistent, progress=progress
         )
         self._live = weakref.ref(iterator)
         return iterator
+
+    @property
+    def _index_sampler(self) -> Any:
+        # torch's iterator takes its indices from here when it is created; a resumed replay skips the
+        # batches the interrupted run delivered (once: see _SkipFirst)
+        inner = super()._index_sampler
+        return _SkipFirst(inner, self._skip_batches) if self._skip_batches else inner
+
+    def _sampler_epoch(self) -> int | None:
+        """The epoch the sampler itself holds (torch's and our samplers have ``epoch``), if any."""
+        for target in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            epoch = getattr(target, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                return epoch
+        return None
 
     def _get_copier(self) -> CudaCopier | None:
         if self.device.type != "cuda":
@@ -301,6 +335,26 @@ class _PrefetchIterator(Iterator[Any]):
             self._background.close(timeout=_QUICK_JOIN_S)
         except Exception:  # noqa: BLE001 - never raise from __del__ (interpreter may be shutting down)
             pass
+
+
+class _SkipFirst:
+    """An index sampler whose next iteration leaves out its first ``skip`` items (batches of indices).
+
+    ``__iter__`` is a generator, so the skip is spent when that iteration yields its first item: torch's
+    multi-process iterator calls ``iter()`` twice when it starts and uses the second, and with persistent
+    workers it keeps this object for later epochs, which then skip nothing.
+    """
+
+    def __init__(self, inner: Any, skip: int) -> None:
+        self.inner = inner
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.skip = self.skip, 0
+        yield from itertools.islice(iter(self.inner), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
 
 def _advise_workers(num_workers: int) -> None:

@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node N tests/ddp_worker.py OUTDIR [STATE_JSON]
 
-Two full epochs of ``DataLoaderX(LMDBDataset($FASTLOADER_TEST_LMDB), batch_size=4, shuffle=True)``
+Two full epochs of ``DataLoaderX(LMDBDataset($FASTLOADER_TEST_LMDB), batch_size=4, shuffle=True, local_rank=...)``
 (50 images whose labels are their indices) with no ``set_epoch``
 (automatic epochs), then: without STATE_JSON, K batches of epoch 2 and rank 0 saves the loader state
 to OUTDIR/state.json; with STATE_JSON, the state is loaded and the rest of that epoch is read. Each rank
@@ -40,9 +40,21 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     dataset = LMDBDataset(os.environ["FASTLOADER_TEST_LMDB"], transform=T.Compose([T.CenterCrop(8)]))
-    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, num_workers=1, collate_fn=collate_labels)
+    # Without local_rank= (or distributed=True) DataLoaderX does not split: frameworks that split by
+    # themselves must see torch's behaviour, every sample on every rank.
+    unsplit = DataLoaderX(dataset, batch_size=4, shuffle=True, collate_fn=collate_labels)
+    if isinstance(unsplit.sampler, DistributedSampler) or len(unsplit) != -(-len(dataset) // 4):
+        raise RuntimeError(f"split without being asked: {unsplit.sampler!r}")
+    loader = DataLoaderX(
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        num_workers=1,
+        collate_fn=collate_labels,
+        local_rank=int(os.environ["LOCAL_RANK"]),
+    )
     if not isinstance(loader.sampler, DistributedSampler) or loader.sampler.num_replicas != dist.get_world_size():
-        raise RuntimeError(f"not split automatically: {loader.sampler!r}")
+        raise RuntimeError(f"local_rank= did not split: {loader.sampler!r}")
     seen: dict[str, object] = {"epochs": [sum((b.tolist() for b in loader), []) for _ in range(2)]}
     if len(sys.argv) > 2:
         loader.load_state_dict(json.loads(Path(sys.argv[2]).read_text()))

@@ -134,12 +134,24 @@ CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """Run in the child before exec: SIGINT back to its default disposition.
+
+    A process started in the background by a non-interactive shell (``make test &``, many CI runners)
+    inherits SIGINT *ignored*, and Python installs its KeyboardInterrupt handler only when SIGINT is at
+    its default: the child would then ignore Ctrl-C, as it should under ``nohup``. A user at a
+    terminal has the default; so does this child, whatever launched pytest.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_keyboard_interrupt_stops_everything_within_5s() -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_SCRIPT.format(root=ROOT)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
         assert child.stdout is not None

@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
+import torch.utils.data
+from torch.utils.data import Sampler
 
 from fastloader.samplers._epoch import (
     EpochCursor,
@@ -40,8 +42,11 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an int, got {raw!r}") from None
 
 
-class DistributedSampler(EpochSampler):
+class DistributedSampler(EpochSampler, torch.utils.data.DistributedSampler):  # type: ignore[override]
     """The part of each epoch that belongs to one rank: ``torch.utils.data.DistributedSampler``'s semantics.
+
+    A subclass of torch's ``DistributedSampler``, so that frameworks that split the data themselves
+    recognise the split as done: Lightning keeps such a sampler instead of wrapping it in a second one.
 
     Every rank computes the same epoch order (``np.random.Generator(PCG64([seed, epoch]))``, the same
     order as ``RandomSampler(n, seed=seed)``; with ``shuffle=True`` it differs from torch's, which uses
@@ -68,7 +73,9 @@ class DistributedSampler(EpochSampler):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        super().__init__()
+        # Not torch's __init__: it requires an initialized process group and a sized dataset, and
+        # every attribute it sets is set here (epoch and seed live in the cursor).
+        Sampler.__init__(self)
         if num_replicas is None or rank is None:
             world_size, world_rank = default_world()
             num_replicas = world_size if num_replicas is None else num_replicas
@@ -79,7 +86,7 @@ class DistributedSampler(EpochSampler):
             raise ValueError(
                 f"rank must be an int in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank!r}"
             )
-        self.dataset = data_source_or_length  # torch's attribute name
+        self.dataset = data_source_or_length  # type: ignore[assignment]  # torch's attribute name
         self.length = length_of(data_source_or_length)
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
