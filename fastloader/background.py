@@ -6,9 +6,15 @@ The thread / shutdown protocol (DataLoaderX builds on it, so it is written down 
   It never blocks forever: every ``put`` waits at most ``_POLL_S`` and then re-checks the stop flag,
   so a consumer that went away cannot strand it on a full queue (the flaw of the widely copied
   ``prefetch_generator.BackgroundGenerator``, whose daemon thread leaks blocked on ``queue.put``).
-* Whatever ends the source (exhaustion or an exception) is put into the queue after the items
-  before it, as an ``_End`` marker. The consumer re-raises an exception at exactly that position,
-  with the producer's traceback. An exception ends the iteration, as it ends a generator.
+* An exception raised by the source is put into the queue after the items before it (``_Raised``)
+  and re-raised by the consumer at exactly that position, with the producer's traceback. Then the
+  producer asks the source again, so the iteration goes on exactly as the source's own would: a
+  generator ends after raising, torch's DataLoader iterator continues with the next batch. Exhaustion
+  is put into the queue as an ``_End`` marker.
+* An exception raised in the consumer itself while it waits (Ctrl-C, an error from a signal handler)
+  means the consumer is leaving: the generator closes. The frames of a re-raised exception do not
+  refer to the generator, so a traceback that is kept (``pytest.raises``, a notebook's last error)
+  does not keep its thread alive.
 * The producer thread holds no reference to the ``BackgroundGenerator`` object, only to the shared
   ``_Channel``. So dropping the last reference to the generator (an early ``break``, an exception
   in the training loop, KeyboardInterrupt) lets it be garbage-collected, and its finalizer stops the
@@ -35,9 +41,14 @@ _JOIN_TIMEOUT_S = 5.0  # close() waits at most this long for a producer stuck in
 
 @dataclass(frozen=True)
 class _End:
-    """Marks the end of the stream: ``error`` is None for plain exhaustion."""
+    """Marks the end of the stream."""
 
-    error: BaseException | None
+
+@dataclass(frozen=True)
+class _Raised:
+    """An exception the source raised at this position of the stream."""
+
+    error: BaseException
 
 
 class _Channel:
@@ -78,19 +89,20 @@ def _produce(holder: list[Iterator[object]], channel: _Channel, on_exit: Callabl
     # The source arrives in a list that is emptied here, so that Thread's saved arguments do not
     # keep it alive after this function lets go of it.
     source = holder.pop()
-    end: _End | None = _End(None)
+    end: _End | None = _End()
     try:
         while not channel.stop.is_set():
             try:
-                item = next(source)
+                item: object = next(source)
             except StopIteration:
                 break
+            except BaseException as error:  # noqa: BLE001 - forwarded to the consumer, re-raised there
+                item = _Raised(error)
+                del error
             if not channel.put(item):
                 end = None  # the consumer left: nobody to tell
                 break
             del item  # do not keep the last item alive while waiting in next(source)
-    except BaseException as error:  # noqa: BLE001 - forwarded to the consumer, re-raised there
-        end = _End(error)
     finally:
         # Release the source from this thread now that it is done (a DataLoader iterator's
         # workers shut down when their iterator is freed).
@@ -114,7 +126,8 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
             first = next(records)
 
     Exceptions raised by the iterable are re-raised here, after the items produced before them,
-    with their original traceback. ``on_exit`` (optional) runs in the producer thread once it is
+    with their original traceback; the next ``next()`` goes on as the iterable's own would (see the
+    module docstring). ``on_exit`` (optional) runs in the producer thread once it is
     done, after the end (or the error) was handed over: slow clean-up never delays the consumer.
     """
 
@@ -148,20 +161,24 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        item = self._get()
+        try:
+            item = self._get()
+        except BaseException:
+            self.close(timeout=0.0)  # interrupted while waiting: the consumer is leaving
+            raise
+        if isinstance(item, _Raised):
+            error = item.error
+            del item, self  # the traceback keeps this frame: it must not keep the generator alive
+            try:
+                raise error
+            finally:
+                del error  # no frame -> error -> traceback -> frame cycle
         if not isinstance(item, _End):
             return item  # type: ignore[return-value]
         self._done = True
         # The producer has said its last word; its on_exit clean-up may still run: do not wait for it.
         self.close(timeout=0.0)
-        error = item.error
-        del item
-        if error is None:
-            raise StopIteration
-        try:
-            raise error
-        finally:
-            del error  # no frame -> error -> traceback -> frame cycle
+        raise StopIteration
 
     def _get(self) -> object:
         channel = self._channel
@@ -175,7 +192,7 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
                     try:
                         return channel.queue.get_nowait()
                     except queue.Empty:
-                        return _End(None)
+                        return _End()
 
     def close(self, timeout: float = _JOIN_TIMEOUT_S) -> None:
         """Stop the producer thread and drop prefetched items, waiting at most ``timeout`` seconds

@@ -308,13 +308,17 @@ class _PrefetchIterator(Iterator[Any]):
     def __next__(self) -> Any:
         try:
             item = next(self._background)
-        except BaseException as error:
-            # The end of the epoch, an error from a worker / collate / the copy, or Ctrl-C while
-            # waiting: stop the thread (and with it the workers) now, not when the traceback lets go.
-            self._progress.done = isinstance(error, StopIteration)
+        except StopIteration:
+            self._progress.done = True
             # The producer has handed over its last word; it stops the workers on its own, which
             # may take torch 5 s for a stuck worker: the training loop does not wait for that.
             self._background.close(timeout=_QUICK_JOIN_S)
+            raise
+        except BaseException:
+            # An error from a worker / collate / the copy: as with torch's iterator, the next next()
+            # continues the epoch. A traceback kept by the caller must not keep this epoch (its thread
+            # and workers) alive: dropping the iterator stops them.
+            del self
             raise
         if self._copier is not None:
             item = self._copier.receive(item)
@@ -323,6 +327,14 @@ class _PrefetchIterator(Iterator[Any]):
 
     def __len__(self) -> int:
         return len(self._source)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else is torch's iterator's: code written against torch reads its state (``_workers``,
+        # ``_num_yielded``, ``_shutdown``...) from the object iter() returned.
+        source = self.__dict__.get("_source")
+        if source is None:
+            raise AttributeError(name)
+        return getattr(source, name)
 
     def close(self) -> None:
         """Stop prefetching now; the producer stops the workers too unless they are persistent."""

@@ -78,8 +78,59 @@ def test_exception_raised_at_its_position_with_original_traceback() -> None:
     frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
     assert "raise_in_producer" in frames and "failing_after" in frames
     assert wait_until(lambda: not gen.is_alive(), 2.0)  # it ends on its own right after its last word
-    with pytest.raises(StopIteration):  # an exception ends the iteration, as it ends a generator
+    with pytest.raises(StopIteration):  # a generator ends after raising, so this iteration ends too
         next(gen)
+
+
+class RaisesOnOddItems:
+    """An iterator that raises for some items and goes on after, as torch's DataLoader iterator does."""
+
+    def __init__(self, n: int) -> None:
+        self.i, self.n = 0, n
+
+    def __iter__(self) -> RaisesOnOddItems:
+        return self
+
+    def __next__(self) -> int:
+        i, self.i = self.i, self.i + 1
+        if i >= self.n:
+            raise StopIteration
+        if i % 2:
+            raise ValueError(f"item {i} is broken")
+        return i
+
+
+def test_the_iteration_goes_on_after_an_exception_as_the_sources_does() -> None:
+    gen = BackgroundGenerator(RaisesOnOddItems(7), max_prefetch=2)
+    seen: list[object] = []
+    while True:
+        try:
+            seen.append(next(gen))
+        except ValueError as error:
+            seen.append(str(error))
+        except StopIteration:
+            break
+    direct: list[object] = []  # the same loop over the source itself
+    source = RaisesOnOddItems(7)
+    while True:
+        try:
+            direct.append(next(source))
+        except ValueError as error:
+            direct.append(str(error))
+        except StopIteration:
+            break
+    assert seen == direct == [0, "item 1 is broken", 2, "item 3 is broken", 4, "item 5 is broken", 6]
+
+
+def test_a_kept_traceback_does_not_keep_the_thread_alive() -> None:
+    gen = BackgroundGenerator(RaisesOnOddItems(1000), max_prefetch=2)
+    next(gen)
+    with pytest.raises(ValueError) as info:
+        next(gen)
+    thread = gen._channel.thread
+    del gen
+    assert thread is not None and wait_until(lambda: not thread.is_alive(), 2.0)
+    assert info.value is not None  # the traceback is still held here
 
 
 def test_close_stops_a_producer_blocked_on_a_full_queue_promptly() -> None:
