@@ -1,0 +1,39 @@
+"""What the framework runs share: a dataset whose items name themselves, and the loaders under test."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from fastloader import DataLoaderX
+
+LENGTH = 101  # odd: torch's DistributedSampler pads it, accelerate's even_batches pads it
+BATCH = 8
+
+
+class Items(Dataset[tuple[torch.Tensor, int]]):
+    """Item i is ``(tensor([i.]), i)``: every batch says which samples it holds."""
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(index)]), index
+
+
+def make_loader(kind: str, split: str | None = None, **extra: Any) -> DataLoader[Any]:
+    """torch's DataLoader ("torch") or DataLoaderX ("fastloader") with the same arguments.
+
+    split: None (shuffle=True, the framework splits), "sampler" (the user passes torch's
+    DistributedSampler) or "local_rank" (DataLoaderX's own split; torch's loader gets the sampler).
+    """
+    cls = DataLoaderX if kind == "fastloader" else DataLoader
+    dataset = Items()
+    if split == "sampler" or (split == "local_rank" and kind == "torch"):
+        return cls(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, shuffle=True), num_workers=1, **extra)
+    if split == "local_rank":
+        extra["local_rank"] = int(os.environ["LOCAL_RANK"])
+    return cls(dataset, batch_size=BATCH, shuffle=True, num_workers=1, **extra)

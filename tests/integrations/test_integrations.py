@@ -1,0 +1,112 @@
+"""Lightning and accelerate, run as users run them (real processes, gloo on CPU), with torch's own
+DataLoader as the control in the same run: every sample exactly once per epoch across the ranks apart
+from the framework's padding, and Lightning's mid-epoch checkpoint resuming with the uninterrupted batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations.common import BATCH, LENGTH
+
+pytest.importorskip("lightning")
+pytest.importorskip("accelerate")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run(args: list[str], timeout: float = 240) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def torchrun(script: str, outdir: Path) -> None:
+    run(
+        ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), script, str(outdir)]
+    )
+
+
+def per_epoch(outdir: Path, config: str, kind: str) -> dict[str, list[list[int]]]:
+    """{epoch: [indices of rank 0, indices of rank 1]}."""
+    ranks = [json.loads((outdir / f"{config}_{kind}_rank{r}.json").read_text()) for r in range(2)]
+    return {epoch: [rank[epoch] for rank in ranks] for epoch in ranks[0]}
+
+
+def summary(epochs: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
+    return [
+        {"per_rank": [len(part) for part in parts], "union": len(set(parts[0]) | set(parts[1]))}
+        for parts in epochs.values()
+    ]
+
+
+def check_split(outdir: Path, config: str, padding: int, report: dict[str, Any]) -> None:
+    """Both kinds: each epoch covers the dataset, ranks overlap only by ``padding`` samples, each rank's
+    order changes between epochs; DataLoaderX's per-rank counts equal the control's."""
+    control, ours = per_epoch(outdir, config, "torch"), per_epoch(outdir, config, "fastloader")
+    report[config] = {"torch": summary(control), "fastloader": summary(ours)}
+    print(config, json.dumps(report[config]))
+    for epochs in (control, ours):
+        assert sorted(epochs) == ["0", "1"]
+        for parts in epochs.values():
+            assert set(parts[0]) | set(parts[1]) == set(range(LENGTH))
+            assert len(parts[0]) + len(parts[1]) == LENGTH + padding
+            assert abs(len(parts[0]) - len(parts[1])) <= BATCH
+        assert all(epochs["0"][rank] != epochs["1"][rank] for rank in range(2))
+    assert report[config]["fastloader"] == report[config]["torch"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    figures: dict[str, Any] = {}
+    yield figures
+    (tmp_path_factory.getbasetemp() / "integrations.json").write_text(json.dumps(figures, indent=1))
+
+
+@pytest.mark.timeout(300)
+def test_lightning_ddp_each_sample_once_per_epoch(tmp_path: Path, report: dict[str, Any]) -> None:
+    torchrun(str(HERE / "lightning_ddp.py"), tmp_path)
+    # torch's DistributedSampler pads 101 to 102: one sample twice per epoch
+    for config in ("lightning_sampler", "lightning_sampler_local_rank", "user_sampler", "user_local_rank"):
+        check_split(tmp_path, config, padding=1, report=report)
+
+
+@pytest.mark.timeout(300)
+def test_accelerate_each_sample_once_per_epoch(tmp_path: Path, report: dict[str, Any]) -> None:
+    torchrun(str(HERE / "accelerate_ddp.py"), tmp_path)
+    # even_batches: accelerate repeats samples until both ranks have the same number of full batches
+    check_split(tmp_path, "accelerate", padding=11, report=report)
+    check_split(tmp_path, "accelerate_split_batches", padding=3, report=report)
+
+
+@pytest.mark.timeout(300)
+def test_lightning_mid_epoch_checkpoint_resumes_with_the_uninterrupted_batches(tmp_path: Path) -> None:
+    run([str(HERE / "lightning_resume.py"), str(tmp_path), "first"])
+    run([str(HERE / "lightning_resume.py"), str(tmp_path), "rest"])  # a new process, as after a crash
+    epoch = -(-LENGTH // BATCH)
+    for path in sorted(tmp_path.glob("*.json")):
+        kind, seeding, k = path.stem.split("_")
+        record = json.loads(path.read_text())
+        full, resumed = record["full"], record["first"] + record["rest"]
+        assert len(full) == 2 * epoch and record["first"] == full[: int(k[1:])]
+        if kind == "torch":  # the control: torch's loader restarts the epoch in a new order
+            assert resumed != full, path.stem
+        elif seeding == "generator":  # the generator's state travels in the checkpoint: every batch equal
+            assert resumed == full, path.stem
+        else:  # torch's global seed: the interrupted epoch is exact; a later epoch draws from the global RNG
+            assert resumed[:epoch] == full[:epoch], path.stem
+            assert sorted(sum(resumed[epoch:], [])) == list(range(LENGTH))
