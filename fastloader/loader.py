@@ -290,6 +290,7 @@ class _PrefetchIterator(Iterator[Any]):
     ) -> None:
         self._source = source
         self._progress = progress if progress is not None else Progress(0)
+        self._reported_length = _take_length_check(source)
         self._copier = copier
         produced: Iterator[Any] = source
         if copier is not None:
@@ -323,6 +324,8 @@ class _PrefetchIterator(Iterator[Any]):
         if self._copier is not None:
             item = self._copier.receive(item)
         self._progress.batches += 1  # counted here, in the consumer: the producer thread runs ahead
+        if self._reported_length is not None and self._progress.batches > self._reported_length:
+            _warn_past_length(self._source, self._reported_length, self._progress.batches)
         return item
 
     def __len__(self) -> int:
@@ -367,6 +370,30 @@ class _SkipFirst:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+def _take_length_check(source: Iterator[Any]) -> int | None:
+    """Take over torch's "more samples than len(dataloader) said" check of an IterableDataset from its
+    iterator, so that the warning comes at the ``next()`` that delivers the extra batch, in the training
+    loop's thread, not earlier in the producer thread (where no ``catch_warnings`` sees it)."""
+    reported = getattr(source, "_IterableDataset_len_called", None)
+    if reported is not None:
+        source._IterableDataset_len_called = None  # type: ignore[attr-defined]
+    return reported
+
+
+def _warn_past_length(source: Iterator[Any], reported: int, delivered: int) -> None:
+    message = (
+        f"Length of IterableDataset {getattr(source, '_dataset', None)} was reported to be {reported}"
+        f"(when accessing len(dataloader)), but {delivered} samples have been fetched. "
+    )
+    if getattr(source, "_num_workers", 0) > 0:
+        message += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring the "
+            "IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _advise_workers(num_workers: int) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import inspect
 import pickle
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    IterableDataset,
     RandomSampler,
     SequentialSampler,
     SubsetRandomSampler,
@@ -286,3 +288,45 @@ def test_without_cuda_batches_stay_on_cpu() -> None:
     loader = DataLoaderX(Squares(), batch_size=10, local_rank=1, pin_memory=True)
     assert loader.device == torch.device("cpu")
     assert all(images.device.type == "cpu" for images, _ in loader)
+
+
+class SizedCounting(IterableDataset[int]):
+    """An IterableDataset whose ``len()`` is honest for one process, so that workers yield more."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n))
+
+
+def length_warnings(cls: type[DataLoader[Any]], workers: int) -> list[int]:
+    """For each ``next()``: how many "more samples than len()" warnings it raised, in the caller's thread."""
+    loader = cls(SizedCounting(20), num_workers=workers, batch_size=None)
+    assert len(loader) == 20  # torch warns only once len() was asked
+    iterator, counts = iter(loader), []
+    while True:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                next(iterator)
+            except StopIteration:
+                return counts
+        counts.append(sum("samples have been fetched" in str(warning.message) for warning in caught))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_length_warning_comes_at_the_same_next_as_torchs(workers: int) -> None:
+    expected = length_warnings(DataLoader, workers)
+    assert sum(expected) == 20 * max(workers, 1) - 20  # the control warns once per batch past len()
+    assert length_warnings(DataLoaderX, workers) == expected
+
+
+def test_torchs_iterator_state_is_readable_on_ours() -> None:
+    iterator = iter(DataLoaderX(SizedCounting(8), num_workers=2, batch_size=None))
+    assert len(iterator._workers) == 2 and iterator._num_workers == 2  # as torch's own tests read them
+    with pytest.raises(AttributeError):
+        _ = iterator.no_such_attribute
