@@ -45,7 +45,7 @@ from fastloader.datasets.folder_index import (
     assemble_folder_arrays,
     filter_settings,
 )
-from fastloader.index_file import read_index, write_index
+from fastloader.formats.index_file import read_index, write_index
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MB = 1 << 20

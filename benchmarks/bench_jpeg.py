@@ -1,4 +1,4 @@
-"""Single-thread JPEG decode cost: PIL, simplejpeg and fastloader's partial decoder (fastloader.jpeg_ext).
+"""Single-thread JPEG decode cost: PIL, simplejpeg and fastloader's partial decoder (fastloader.image.jpeg_ext).
 
 Two questions, on ImageNet-like photos (fastloader.sample), bytes in memory, one thread:
 
@@ -37,7 +37,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import RandomResizedCrop
 
-from fastloader import jpeg_ext
+from fastloader.image import jpeg_ext
 from fastloader.sample import make_sample_folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "jpeg.json"))
     args = parser.parse_args()
     if not jpeg_ext.AVAILABLE:
-        raise SystemExit("fastloader._jpeg is not built: reinstall with libjpeg-turbo headers present")
+        raise SystemExit("fastloader.image._jpeg is not built: reinstall with libjpeg-turbo headers present")
     torch.set_num_threads(1)
 
     images = load_jpegs(make_sample_folder(args.folder, args.images), args.images)

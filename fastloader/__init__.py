@@ -8,8 +8,8 @@ and batches arrive prefetched in a background thread and copied to ``cuda:local_
 side stream. ``BackgroundGenerator`` prefetches any iterable the same way.
 """
 
-from fastloader.background import BackgroundGenerator
-from fastloader.loader import DataLoaderX
+from fastloader.loader.background import BackgroundGenerator
+from fastloader.loader.dataloader import DataLoaderX
 
 __version__ = "0.1.0"
 

@@ -57,7 +57,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from fastloader.pack import pack
+    from fastloader.pack.engine import pack
 
     summary = pack(
         args.src,
@@ -77,7 +77,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from fastloader.verify import verify
+    from fastloader.pack.verify import verify
 
     report = verify(args.dst, progress=not args.no_progress)
     if args.json:
@@ -90,7 +90,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_scan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from fastloader.scan import scan
+    from fastloader.pack.scan import scan
 
     report = scan(
         args.src,
@@ -108,7 +108,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 
 
 def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack import SOURCE_KINDS
+    from fastloader.pack.engine import SOURCE_KINDS
 
     scan = commands.add_parser(
         "scan",
@@ -126,8 +126,8 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack import SOURCE_KINDS
-    from fastloader.pack_readers import DEFAULT_QUALITY
+    from fastloader.pack.engine import SOURCE_KINDS
+    from fastloader.pack.readers import DEFAULT_QUALITY
 
     pack = commands.add_parser(
         "pack",

@@ -18,7 +18,7 @@ from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import ImageFolder, LMDBSource
 from fastloader.pack import pack
-from fastloader.scan import scan
+from fastloader.pack.scan import scan
 from tests.images import write_image_folder
 
 

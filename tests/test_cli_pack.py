@@ -15,9 +15,9 @@ import lmdb
 import pytest
 
 from fastloader.formats import lmdb_records as records
-from fastloader.formats.lmdb_sink import LMDBSink
-from fastloader.pack_readers import ReencodeOptions, reencode
-from fastloader.verify import verify
+from fastloader.pack.lmdb_sink import LMDBSink
+from fastloader.pack.readers import ReencodeOptions, reencode
+from fastloader.pack.verify import verify
 from tests.helpers import wait_until
 from tests.images import packed_items, write_image_folder
 

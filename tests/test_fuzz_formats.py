@@ -18,11 +18,11 @@ from PIL import Image
 
 from fastloader.datasets.base import Source
 from fastloader.errors import DecodeError, FormatError
+from fastloader.formats.index_file import read_index, write_index
 from fastloader.formats.protobuf import bytes_feature, encode_example, int64_feature, parse_example
 from fastloader.formats.recordio import RecordIOWriter, single_label
 from fastloader.formats.recordio import pack as pack_record
 from fastloader.formats.tfrecord import TFRecordWriter
-from fastloader.index_file import read_index, write_index
 
 ALLOWED = (FormatError, DecodeError)
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

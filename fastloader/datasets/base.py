@@ -15,9 +15,9 @@ those four methods::
 
 With a fastloader transform (``fastloader.transforms``) and the default ``loader``, the transform
 decodes the bytes itself, at the size it needs (items are uint8 C×H×W tensors), and
-``__getitems__`` writes whole batches into one buffer (``fastloader.batching``). Two switches
+``__getitems__`` writes whole batches into one buffer (``fastloader.image.batching``). Two switches
 work on any dataset: ``set_cache(path)`` keeps decoded images of a fixed transform for the next
-epochs (``fastloader.decoded_cache``), and ``set_decode_device("cuda")`` leaves decoding to the
+epochs (``fastloader.image.decoded_cache``), and ``set_decode_device("cuda")`` leaves decoding to the
 GPU (items are then ``EncodedImage`` with their crop plan).
 
 Sources must hold no per-sample Python objects (at 10M samples each worker's refcount writes
@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastloader.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
-from fastloader.decode import check_pixels, image_size
-from fastloader.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.errors import DecodeError
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
+from fastloader.image.decode import check_pixels, image_size
+from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
@@ -203,7 +203,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def set_decode_device(self, device: str) -> None:
         """Decode on ``"cpu"`` (default) or leave it to the GPU (``"cuda"``): items are then
-        ``(EncodedImage(bytes, crop plan, key), label)`` for ``fastloader.gpu_decode``."""
+        ``(EncodedImage(bytes, crop plan, key), label)`` for ``fastloader.image.gpu_decode``."""
         kind = device.split(":")[0] if isinstance(device, str) else None
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -220,7 +220,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def set_cache(self, path: str | os.PathLike[str] | None) -> None:
         """Keep the decoded images of this fixed transform in the file ``path`` (None: no cache);
-        see ``fastloader.decoded_cache``. Call it again after changing the transform."""
+        see ``fastloader.image.decoded_cache``. Call it again after changing the transform."""
         if path is None:
             self._cache, self._cached_transform = None, None
             return

@@ -46,7 +46,7 @@ from fastloader.datasets.folder_index import (
     scan_folder,
 )
 from fastloader.errors import FormatError
-from fastloader.index_file import IndexFile, read_index, string_at
+from fastloader.formats.index_file import IndexFile, read_index, string_at
 
 PathLike = str | os.PathLike[str]
 

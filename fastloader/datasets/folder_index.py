@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.index_file import IndexFile, pack_strings, read_index, string_at, write_index
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, string_at, write_index
 from fastloader.storage import file_lock, sidecar_path
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.formats.index_file import IndexFile, read_index, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
     IRHeader,
@@ -38,7 +39,6 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
-from fastloader.index_file import IndexFile, read_index, write_index
 from fastloader.storage import file_lock, sidecar_path
 
 INDEX_KIND = "recordio"

@@ -27,10 +27,10 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.formats.index_file import IndexFile, read_index, string_at, write_index
 from fastloader.formats.patterns import expand_pattern
+from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
-from fastloader.formats.tar_sink import MANIFEST_NAME, PROGRESS_NAME, TarPackState
-from fastloader.index_file import IndexFile, read_index, string_at, write_index
 from fastloader.storage import cache_dir, file_lock
 
 CATALOG_KIND = "tar-catalog"

@@ -24,10 +24,10 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.protobuf import Feature, parse_example
 from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, default_index_path, load_index, read_record
-from fastloader.index_file import read_index
 
 # Each open shard costs a data descriptor and two index mmaps (each holds a descriptor): bound them,
 # so that thousands of shards do not exhaust a worker's descriptor limit (often 1024).

@@ -15,7 +15,7 @@ huge allocation. Headers are read by hand rather than with ``tarfile`` because `
 iteration silently at a corrupt or truncated header and reads pax / GNU long-name payloads of any
 claimed size into memory.
 
-The index of a shard (one :mod:`fastloader.index_file`, ``<shard>.fl-idx`` beside it or in the cache
+The index of a shard (one :mod:`fastloader.formats.index_file`, ``<shard>.fl-idx`` beside it or in the cache
 dir) is built once under a file lock and rebuilt when the shard's size or mtime changes.
 """
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.index_file import IndexFile, pack_strings, read_index, write_index
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, write_index
 from fastloader.storage import file_lock, sidecar_path
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")

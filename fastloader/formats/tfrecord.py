@@ -26,7 +26,7 @@ import crc32c
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.index_file import IndexFile, read_index, write_index
+from fastloader.formats.index_file import IndexFile, read_index, write_index
 from fastloader.storage import AtomicFile, file_lock, sidecar_path
 
 _HEAD = struct.Struct("<QI")

@@ -10,9 +10,10 @@
 
 On encoded bytes (what fastloader datasets pass them) the geometric chain is planned from the
 image header and decoded at the size it needs (see ``fastloader.transforms.fused`` and
-``fastloader.decode``); on PIL images and tensors they are torchvision's transforms.
+``fastloader.image.decode``); on PIL images and tensors they are torchvision's transforms.
 """
 
+from fastloader.image.geometry import CropPlan
 from fastloader.transforms.fused import (
     CenterCrop,
     Compose,
@@ -21,7 +22,6 @@ from fastloader.transforms.fused import (
     RandomResizedCrop,
     Resize,
 )
-from fastloader.transforms.geometry import CropPlan
 
 __all__ = [
     "CenterCrop",

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-# A module import: fastloader.decode imports this package's geometry, so names are looked up at call time.
-from fastloader import decode
-from fastloader.transforms.geometry import (
+# A module import: fastloader.image.decode imports this package's geometry, so names are looked up at call time.
+from fastloader.image import decode
+from fastloader.image.geometry import (
     CropPlan,
     Frame,
     center_crop_box,

@@ -12,7 +12,7 @@ from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import ImageFolder, LMDBDataset, RecordIODataset, TarShardDataset, TFRecordDataset
 from fastloader.datasets.error_policy import TooManyBadSamples
-from fastloader.scan import scan
+from fastloader.pack.scan import scan
 from tests.images import image_bytes, write_image_folder
 
 BAD = ["class_0/zz_truncated.jpg", "class_1/zz_empty.jpg", "class_2/zz_text.jpg"]
@@ -97,7 +97,7 @@ def bad_among_good(count: int = 10, bad: int = 3) -> list[bytes]:
 
 
 def write_lmdb(path: Path, images: list[bytes]) -> Path:
-    from fastloader.formats.lmdb_sink import LMDBSink
+    from fastloader.pack.lmdb_sink import LMDBSink
 
     sink = LMDBSink(path, {"test": "bad among good"})
     for i, data in enumerate(images):

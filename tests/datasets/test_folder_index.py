@@ -16,7 +16,7 @@ import pytest
 from fastloader.datasets.folder import FileListSource, FolderSource
 from fastloader.datasets.folder_index import FOLDER_KIND, FORMAT_VERSION, IndexMeta
 from fastloader.errors import FormatError
-from fastloader.index_file import read_index
+from fastloader.formats.index_file import read_index
 
 
 @pytest.fixture(autouse=True)

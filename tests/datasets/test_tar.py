@@ -19,7 +19,7 @@ import fastloader.datasets.tar as tar_module
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.tar import TarShardDataset, TarShardSource
 from fastloader.errors import DecodeError, FormatError
-from fastloader.formats.tar_sink import TarShardSink
+from fastloader.pack.tar_sink import TarShardSink
 
 # (format, mode): PNG, grayscale and CMYK next to plain JPEG, as real datasets have them.
 KINDS = [("JPEG", "RGB", "jpg"), ("PNG", "RGB", "png"), ("JPEG", "L", "jpg"), ("JPEG", "CMYK", "jpeg")]

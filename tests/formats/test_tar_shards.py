@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from fastloader.errors import FormatError
+from fastloader.formats.index_file import string_at
 from fastloader.formats.tar_shards import build_shard_index, load_shard_index, split_key, walk_members
-from fastloader.index_file import string_at
 
 LONG_KEY = "deep/" + "d" * 120 + "/" + "k" * 110  # needs a GNU long name or a pax path
 

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastloader import DataLoaderX
-from fastloader.device import resolve_device
+from fastloader.loader.device import resolve_device
 from tests.helpers import prefetch_threads, wait_until
-from tests.test_loader import collate_dict, same
+from tests.loader.test_dataloader import collate_dict, same
 from tests.toy_datasets import Squares
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

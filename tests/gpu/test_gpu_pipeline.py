@@ -12,7 +12,7 @@ from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import ImageFolder
 from fastloader.sample import make_sample_folder
-from tests.test_normalize import MEAN, STD, UInt8Images
+from tests.loader.test_normalize import MEAN, STD, UInt8Images
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -13,10 +13,10 @@ import torchvision.transforms.functional as tvf
 from PIL import Image
 from torchvision.transforms import v2
 
-from fastloader import decode
 from fastloader import transforms as T
 from fastloader.datasets.base import decode_pil
 from fastloader.errors import DecodeError
+from fastloader.image import decode
 from tests.transforms import KINDS, photo, photo_bytes
 
 PIPELINES = {
@@ -42,7 +42,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "pil":
         monkeypatch.setattr(decode, "_jpeg_ext", lambda: None)
     elif decode._jpeg_ext() is None:
-        pytest.skip("fastloader.jpeg_ext is not built")
+        pytest.skip("fastloader.image.jpeg_ext is not built")
     return request.param
 
 

@@ -1,0 +1,472 @@
+/*
+ * fastloader.image._jpeg: partial JPEG decoding with libjpeg-turbo, for RandomResizedCrop-style pipelines.
+ *
+ * A training crop covers about half of a photo, so decoding only the crop region saves most of the
+ * decode: jpeg_crop_scanline() limits IDCT, upsampling and colour conversion to the iMCU columns of
+ * the crop, jpeg_skip_scanlines() skips that work for rows above it (they are still entropy-decoded:
+ * Huffman data cannot be skipped), and stopping after the last row needed leaves the rows below
+ * undecoded. DCT scaling (scale_denom 2/4/8) composes with all three.
+ *
+ * Exactness: every pixel returned equals the same pixel of a full decode at the same scale (what PIL
+ * produces with the same libjpeg). The one place cropping changes pixels is fancy (triangle) chroma
+ * upsampling, which blends each chroma sample with its neighbours: libjpeg treats the crop's first and
+ * last columns as image edges. So when a component is upsampled horizontally with fancy upsampling, we
+ * decode one pixel further on each side and drop the edge columns (see plan_columns()).
+ *
+ * The Python wrapper (fastloader/jpeg_ext.py) turns the returned bytearray into a numpy array; this
+ * file deliberately uses only the plain C API.
+ *
+ * Threading: the GIL is released while libjpeg runs. Each call creates, uses and destroys its own
+ * decompressor on one thread (libjpeg-turbo 2.1.5 keeps SIMD detection per thread, so a decompressor
+ * must never be started on one thread and read on another).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h> /* jpeglib.h needs FILE and size_t first */
+#include <string.h>
+
+#include <jpeglib.h>
+#include <jerror.h>
+
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+/* jpeg_crop_scanline() and jpeg_skip_scanlines() are libjpeg-turbo extensions, and before 2.0.7 / 2.1
+ * they crashed or wrote whole uncropped rows with merged upsampling (its ChangeLog: 2.0.6 #2, 2.0.7 #9).
+ * Failing the build here makes the optional extension absent, and fastloader falls back to PIL. */
+#error "fastloader.image._jpeg needs libjpeg-turbo >= 2.1 headers"
+#endif
+
+#if JPEG_LIB_VERSION >= 70
+#define COMP_H_SCALED(c) ((c)->DCT_h_scaled_size)
+#define MIN_H_SCALED(ci) ((ci)->min_DCT_h_scaled_size)
+#else
+#define COMP_H_SCALED(c) ((c)->DCT_scaled_size)
+#define MIN_H_SCALED(ci) ((ci)->min_DCT_scaled_size)
+#endif
+
+/* Decompression bombs: a few hundred bytes can declare 65500x65500 pixels. Checked on the header, before
+ * libjpeg allocates anything image-sized (a progressive image's coefficient buffer is 2-6 bytes/pixel). */
+#define MAX_PIXELS ((uint64_t)1 << 28)
+/* A progressive file can hold thousands of tiny scans, each a full pass over the coefficient buffer (the
+ * "Two Issues with the JPEG Standard" DoS). TurboJPEG's scan limit uses the same default. */
+#define MAX_SCANS 500
+
+enum { FAIL_CORRUPT = 1, FAIL_UNSUPPORTED, FAIL_ARGUMENT };
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    int kind;
+    char message[JMSG_LENGTH_MAX + 64];
+} ErrorManager;
+
+typedef struct {
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    struct jpeg_progress_mgr progress;
+    int created;
+    /* Request, in full-resolution pixels. full_box: decode the whole image. */
+    Py_ssize_t x0, y0, x1, y1;
+    int full_box, scale, fast;
+    int bpp; /* bytes per output pixel: 3 (RGB) or 4 (RGBX, which PIL maps without a copy) */
+    /* Plan, in scaled pixels: rows [row0, row1) of the scaled image; returned columns [ox, ox + out_w);
+     * the decoder delivers rows of dec_w pixels of which `drop` leading ones are not returned. */
+    JDIMENSION row0, row1, ox, out_w, dec_w, drop;
+    size_t full_row_bytes;
+} Job;
+
+/* ---- error handling: libjpeg reports through callbacks; errors longjmp back to the phase's setjmp ---- */
+
+static int unsupported_code(int code) {
+    switch (code) {
+    case JERR_BAD_PRECISION:   /* 12-bit */
+    case JERR_SOF_UNSUPPORTED: /* lossless / hierarchical */
+    case JERR_ARITH_NOTIMPL:
+    case JERR_NOT_COMPILED:
+    case JERR_CONVERSION_NOTIMPL:
+    case JERR_NOTIMPL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void on_error(j_common_ptr cinfo) {
+    ErrorManager *err = (ErrorManager *)cinfo->err;
+    char text[JMSG_LENGTH_MAX];
+    (*cinfo->err->format_message)(cinfo, text);
+    err->kind = unsupported_code(cinfo->err->msg_code) ? FAIL_UNSUPPORTED : FAIL_CORRUPT;
+    snprintf(err->message, sizeof err->message, "JPEG decode failed: %s", text);
+    longjmp(err->jump, 1);
+}
+
+static void fail(Job *job, int kind, const char *message) {
+    job->err.kind = kind;
+    snprintf(job->err.message, sizeof job->err.message, "%s", message);
+    longjmp(job->err.jump, 1);
+}
+
+/* Warnings that mean pixels were lost: libjpeg substitutes grey (or garbage) and carries on. A truncated
+ * file must not silently yield grey rows, so these are errors. Benign warnings (extraneous bytes before a
+ * marker, unknown JFIF revision, odd Adobe transform codes) are ignored, as PIL ignores them. */
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level >= 0) return; /* trace messages */
+    switch (cinfo->err->msg_code) {
+    case JWRN_JPEG_EOF:
+    case JWRN_HIT_MARKER:
+    case JWRN_MUST_RESYNC:
+    case JWRN_HUFF_BAD_CODE:
+    case JWRN_ARITH_BAD_CODE:
+        on_error(cinfo);
+        break;
+    default:
+        cinfo->err->num_warnings++;
+    }
+}
+
+static void on_progress(j_common_ptr cinfo) {
+    j_decompress_ptr dinfo = (j_decompress_ptr)cinfo;
+    if (dinfo->input_scan_number > MAX_SCANS) {
+        Job *job = (Job *)cinfo->client_data;
+        char message[96];
+        snprintf(message, sizeof message, "JPEG decode failed: more than %d scans (progressive DoS)", MAX_SCANS);
+        fail(job, FAIL_CORRUPT, message);
+    }
+}
+
+/* Must run inside a phase (the error manager's jmp_buf is armed there). */
+static void open_header(Job *job, const unsigned char *data, size_t size) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    jpeg_create_decompress(cinfo);
+    job->created = 1;
+    cinfo->client_data = job;
+    job->progress.progress_monitor = on_progress;
+    cinfo->progress = &job->progress;
+    if (size == 0) fail(job, FAIL_CORRUPT, "JPEG decode failed: empty input (0 bytes)");
+    if (size < 2 || data[0] != 0xFF || data[1] != 0xD8) {
+        /* libjpeg would say "Premature end" for a 1-byte input; name the problem instead. */
+        char message[96];
+        snprintf(message, sizeof message, "not a JPEG file: no SOI marker (starts with 0x%02x%s)", data[0],
+                 size < 2 ? ", 1 byte long" : "");
+        if (size >= 2)
+            snprintf(message, sizeof message, "not a JPEG file: no SOI marker (starts with 0x%02x 0x%02x)", data[0],
+                     data[1]);
+        fail(job, FAIL_CORRUPT, message);
+    }
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    if (jpeg_read_header(cinfo, TRUE) != JPEG_HEADER_OK)
+        fail(job, FAIL_CORRUPT, "JPEG decode failed: no image in the data (tables only)");
+}
+
+static void init_job(Job *job) {
+    memset(job, 0, sizeof *job);
+    job->bpp = 3;
+    job->cinfo.err = jpeg_std_error(&job->err.pub);
+    job->err.pub.error_exit = on_error;
+    job->err.pub.emit_message = on_message;
+}
+
+static void close_job(Job *job) {
+    if (job->created) jpeg_destroy_decompress(&job->cinfo); /* frees every libjpeg allocation */
+    job->created = 0;
+}
+
+static PyObject *raise_job_error(Job *job) {
+    PyObject *type = job->err.kind == FAIL_UNSUPPORTED ? PyExc_NotImplementedError : PyExc_ValueError;
+    PyErr_SetString(type, job->err.message);
+    return NULL;
+}
+
+/* ---- planning the columns ---- */
+
+/* Whether some component is upsampled horizontally by fancy (triangle) upsampling, the one step whose
+ * output at a column depends on the neighbouring columns. With DCT scaling libjpeg-turbo often scales
+ * chroma's IDCT up instead, so this is usually false below full size. */
+static int needs_column_context(j_decompress_ptr cinfo) {
+    int ci;
+    if (!cinfo->do_fancy_upsampling) return 0;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        jpeg_component_info *c = &cinfo->comp_info[ci];
+        if (c->h_samp_factor * COMP_H_SCALED(c) < cinfo->max_h_samp_factor * MIN_H_SCALED(cinfo)) return 1;
+    }
+    return 0;
+}
+
+/* jpeg_crop_scanline() is exercised upstream with the standard layouts (4:4:4, 4:2:2, 4:2:0, 4:4:0,
+ * grayscale); odd sampling factors decode full width, which is always correct. */
+static int standard_sampling(j_decompress_ptr cinfo) {
+    int ci;
+    if (cinfo->num_components == 1) return 1;
+    if (cinfo->max_h_samp_factor > 2 || cinfo->max_v_samp_factor > 2) return 0;
+    for (ci = 1; ci < cinfo->num_components; ci++)
+        if (cinfo->comp_info[ci].h_samp_factor != 1 || cinfo->comp_info[ci].v_samp_factor != 1) return 0;
+    return cinfo->comp_info[0].h_samp_factor == cinfo->max_h_samp_factor &&
+           cinfo->comp_info[0].v_samp_factor == cinfo->max_v_samp_factor;
+}
+
+/* Wanted scaled columns [c0, c1). With column context the decoded span is one pixel wider on each side
+ * (clamped to the image) and its first column is dropped when it is not the image's edge: fancy
+ * upsampling makes exactly the span's edge pixels differ from a full decode. libjpeg aligns the span's
+ * start down to an iMCU column; it is also kept at least two iMCUs wide, as very narrow crops of
+ * subsampled components are a poorly trodden path in libjpeg-turbo 2.1 (upsampler widths < 2). */
+static void plan_columns(Job *job, JDIMENSION c0, JDIMENSION c1) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    JDIMENSION width = cinfo->output_width, start, span, align;
+    int context = needs_column_context(cinfo);
+
+    job->full_row_bytes = (size_t)width * (size_t)job->bpp;
+    if ((c0 == 0 && c1 == width) || !standard_sampling(cinfo)) {
+        job->ox = 0;
+        job->out_w = job->dec_w = width;
+        job->drop = 0;
+        return;
+    }
+    align = (JDIMENSION)MIN_H_SCALED(cinfo) * (cinfo->num_components == 1 ? 1 : cinfo->max_h_samp_factor);
+    start = (context && c0 > 0) ? c0 - 1 : c0;
+    span = ((context && c1 < width) ? c1 + 1 : c1) - start;
+    if (span < 2 * align) {
+        span = 2 * align;
+        if (start + span > width) span = width - start;
+    }
+    jpeg_crop_scanline(cinfo, &start, &span); /* aligns start down, widens span to keep its end */
+    job->drop = (context && start > 0) ? 1 : 0;
+    job->ox = start + job->drop;
+    job->out_w = c1 - job->ox;
+    job->dec_w = cinfo->output_width;
+}
+
+/* ---- decoding ---- */
+
+/* Header, parameters, start (for progressive files: all entropy decoding), column plan. */
+static void start_job(Job *job, const unsigned char *data, size_t size) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    uint64_t pixels;
+    JDIMENSION c0, c1, s;
+    char message[160];
+
+    open_header(job, data, size);
+    pixels = (uint64_t)cinfo->image_width * cinfo->image_height;
+    if (pixels > MAX_PIXELS) {
+        snprintf(message, sizeof message, "JPEG decode failed: %ux%u pixels exceeds the limit of %llu",
+                 cinfo->image_width, cinfo->image_height, (unsigned long long)MAX_PIXELS);
+        fail(job, FAIL_CORRUPT, message);
+    }
+    switch (cinfo->jpeg_color_space) {
+    case JCS_GRAYSCALE: /* libjpeg-turbo expands gray to RGB itself */
+    case JCS_YCbCr:
+    case JCS_RGB:
+        break;
+    case JCS_CMYK:
+    case JCS_YCCK:
+        fail(job, FAIL_UNSUPPORTED, "CMYK/YCCK JPEG: not supported by fastloader.image._jpeg, decode with PIL");
+        break;
+    default:
+        snprintf(message, sizeof message, "JPEG with %d components in an unknown colour space: not supported",
+                 cinfo->num_components);
+        fail(job, FAIL_UNSUPPORTED, message);
+    }
+    if (!job->full_box) {
+        if (job->x0 < 0 || job->y0 < 0 || job->x1 > (Py_ssize_t)cinfo->image_width ||
+            job->y1 > (Py_ssize_t)cinfo->image_height || job->x0 >= job->x1 || job->y0 >= job->y1) {
+            snprintf(message, sizeof message, "box (%zd, %zd, %zd, %zd) is empty or outside the %ux%u image",
+                     job->x0, job->y0, job->x1, job->y1, cinfo->image_width, cinfo->image_height);
+            fail(job, FAIL_ARGUMENT, message);
+        }
+    }
+    cinfo->out_color_space = job->bpp == 4 ? JCS_EXT_RGBX : JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned int)job->scale;
+    if (job->fast) {
+        cinfo->dct_method = JDCT_IFAST;
+        cinfo->do_fancy_upsampling = FALSE;
+    }
+    jpeg_start_decompress(cinfo);
+    if (cinfo->output_components != job->bpp) fail(job, FAIL_UNSUPPORTED, "JPEG decoder did not produce RGB");
+
+    s = (JDIMENSION)job->scale;
+    if (job->full_box) {
+        c0 = 0;
+        c1 = cinfo->output_width;
+        job->row0 = 0;
+        job->row1 = cinfo->output_height;
+    } else {
+        /* Floor the start, ceil the end: the scaled box covers the requested one. */
+        c0 = (JDIMENSION)job->x0 / s;
+        c1 = ((JDIMENSION)job->x1 + s - 1) / s;
+        job->row0 = (JDIMENSION)job->y0 / s;
+        job->row1 = ((JDIMENSION)job->y1 + s - 1) / s;
+        if (c1 > cinfo->output_width) c1 = cinfo->output_width;
+        if (job->row1 > cinfo->output_height) job->row1 = cinfo->output_height;
+    }
+    plan_columns(job, c0, c1);
+}
+
+/* Rows per jpeg_read_scanlines() call when rows go straight to their place (one call yields at most
+ * one iMCU row: up to 16 rows at full size). */
+#define BATCH_ROWS 16
+#define LEAD 4 /* bytes before the first row in the output buffer (one pixel): see read_rows() */
+
+/* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), stop.
+ *
+ * Copies are what this avoids: decoding into a scratch buffer and copying rows out costs ~15% of a
+ * decode (measured), more than anything cropping saves on a typical crop. So rows are decoded in place:
+ * - dec_w == out_w and no dropped column: straight into their slots, a batch of rows per call;
+ * - otherwise one row per call (libjpeg then writes rows strictly in order, even with the merged
+ *   upsampler, which keeps the second row of a pair in its own buffer): row r is decoded to start at
+ *   its slot minus the dropped pixel, so its extra right pixels run into row r + 1's slot (written
+ *   next) or into the tail slack, and its dropped pixel lands on row r - 1's last pixel (or the
+ *   lead bytes for row 0), which is saved before and put back after. */
+static void read_rows(Job *job, unsigned char *out) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    size_t stride = (size_t)job->out_w * (size_t)job->bpp, shift = (size_t)job->drop * (size_t)job->bpp;
+    JDIMENSION rows = job->row1 - job->row0, r = 0, got, k, batch;
+    JSAMPROW pointers[BATCH_ROWS];
+    unsigned char saved[4];
+    int stalls = 0;
+
+    batch = (job->dec_w == job->out_w && !shift) ? BATCH_ROWS : 1;
+    if (job->row0 > 0 && jpeg_skip_scanlines(cinfo, job->row0) != job->row0)
+        fail(job, FAIL_CORRUPT, "JPEG decode failed: could not skip to the first row");
+    while (r < rows) {
+        JDIMENSION want = rows - r < batch ? rows - r : batch;
+        for (k = 0; k < want; k++) pointers[k] = out + (size_t)(r + k) * stride - shift;
+        if (shift) memcpy(saved, pointers[0], shift);
+        got = jpeg_read_scanlines(cinfo, pointers, want);
+        if (shift) memcpy(pointers[0], saved, shift);
+        if (got == 0) {
+            /* A memory source never suspends; guard against a stuck decoder rather than spin. */
+            if (++stalls > 16) fail(job, FAIL_CORRUPT, "JPEG decode failed: decoder made no progress");
+            continue;
+        }
+        r += got;
+    }
+    /* Rows below the box are never decoded; destroying the decompressor (close_job) aborts it. */
+}
+
+/* The two phases run without the GIL; between them the caller allocates the output with it. Each arms
+ * setjmp in a frame of its own that holds no locals, so nothing live is clobbered by a longjmp. */
+static int phase_header(Job *job, const unsigned char *data, size_t size) {
+    if (setjmp(job->err.jump)) return -1;
+    open_header(job, data, size);
+    return 0;
+}
+
+static int phase_start(Job *job, const unsigned char *data, size_t size) {
+    if (setjmp(job->err.jump)) return -1;
+    start_job(job, data, size);
+    return 0;
+}
+
+static int phase_rows(Job *job, unsigned char *out) {
+    if (setjmp(job->err.jump)) return -1;
+    read_rows(job, out);
+    return 0;
+}
+
+/* ---- Python entry points ---- */
+
+static PyObject *jpeg_info(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Job job;
+    PyObject *result = NULL;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "y*:info", &view)) return NULL;
+    init_job(&job);
+    /* The header is parsed with the GIL held: it is microseconds of work. */
+    if (phase_header(&job, (const unsigned char *)view.buf, (size_t)view.len))
+        raise_job_error(&job);
+    else
+        result = Py_BuildValue("(IIi)", job.cinfo.image_width, job.cinfo.image_height, job.cinfo.num_components);
+    close_job(&job);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+PyDoc_STRVAR(decode_doc,
+             "decode(data, box=None, scale_denom=1, fast=False, rgbx=False) -> (buffer, offset, height, width, ox, oy)\n\n"
+             "Decode box=(x0, y0, x1, y1) (full-resolution pixels; None: the whole image) at 1/scale_denom into "
+             "packed RGB (or RGBX) rows: height * width * 3 (4) bytes of the bytearray from offset. (ox, oy): scaled-image "
+             "coordinates of the first pixel. Raises ValueError for corrupt data or a bad box, "
+             "NotImplementedError for JPEG variants left to PIL (CMYK, 12-bit, ...).");
+
+static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"data", "box", "scale_denom", "fast", "rgbx", NULL};
+    Py_buffer view;
+    PyObject *box = Py_None, *buffer = NULL, *result = NULL;
+    Job job;
+    int status, scale = 1, fast = 0, rgbx = 0;
+    size_t size;
+    (void)self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|Oipp:decode", keywords, &view, &box, &scale, &fast, &rgbx))
+        return NULL;
+    init_job(&job);
+    job.scale = scale;
+    job.fast = fast;
+    job.bpp = rgbx ? 4 : 3;
+    job.full_box = box == Py_None;
+    if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
+        PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %d", scale);
+        goto done;
+    }
+    if (!job.full_box && !PyArg_ParseTuple(box, "nnnn;box must be a tuple (x0, y0, x1, y1) of ints", &job.x0,
+                                           &job.y0, &job.x1, &job.y1))
+        goto done;
+
+    Py_BEGIN_ALLOW_THREADS
+    status = phase_start(&job, (const unsigned char *)view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    if (status) {
+        raise_job_error(&job);
+        goto done;
+    }
+    /* Lead: the 3 bytes row 0's dropped pixel lands on; tail: room for the last row's extra right
+     * pixels (at most a full uncropped row). See read_rows(). */
+    size = LEAD + (size_t)(job.row1 - job.row0) * job.out_w * (size_t)job.bpp + job.full_row_bytes;
+    buffer = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (buffer == NULL) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    status = phase_rows(&job, (unsigned char *)PyByteArray_AS_STRING(buffer) + LEAD);
+    Py_END_ALLOW_THREADS
+    if (status) {
+        raise_job_error(&job);
+        goto done;
+    }
+    result = Py_BuildValue("(OiIIII)", buffer, LEAD, job.row1 - job.row0, job.out_w, job.ox, job.row0);
+
+done:
+    close_job(&job);
+    Py_XDECREF(buffer);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"info", jpeg_info, METH_VARARGS,
+     "info(data) -> (width, height, n_components) from the JPEG header; ValueError if it is not one."},
+    {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fastloader.image._jpeg",
+    .m_doc = "Partial JPEG decoding with libjpeg-turbo (see jpeg_ext.py).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__jpeg(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

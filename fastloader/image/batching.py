@@ -1,0 +1,97 @@
+"""Batches without per-sample tensors: decoded pixels go straight into one uint8 batch buffer.
+
+torch's fetcher calls ``dataset.__getitems__(indices)`` when a dataset defines it. For a fused
+transform with a fixed output size, :class:`~fastloader.datasets.base.ImageDataset` allocates
+one uint8 ``(N, H, W, 3)`` buffer (:func:`allocate_batch`: in a worker process directly in shared
+memory, as ``default_collate`` does, so handing it to the main process copies nothing), decodes
+each sample into its slot and returns a :class:`PrecollatedBatch`.
+
+:func:`collate` turns that into ``[images, labels]`` without a copy — ``images`` is N×3×H×W uint8
+in channels_last memory (the buffer, permuted), ``labels`` int64 — and is ``default_collate`` for
+anything else. A plain DataLoader with ``default_collate`` still gets the same batch (one copy):
+a PrecollatedBatch is a list of ``(image, label)`` pairs, each image a C×H×W view into the buffer.
+
+With GPU decode (``ImageDataset.set_decode_device("cuda")``) items are ``(EncodedImage, label)``
+and :func:`collate` makes ``[list of EncodedImage, labels]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import collate as _collate_with
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+from fastloader.image.geometry import CropPlan
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image still encoded, with the crop plan a GPU decoder applies to it; ``key`` names it in errors."""
+
+    data: bytes
+    plan: CropPlan
+    key: str
+
+
+def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
+    """An uninitialised uint8 ``(count, height, width, 3)`` tensor; in a DataLoader worker, in shared memory."""
+    shape = (count, height, width, 3)
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    # Shared from the start: the worker's queue then sends a handle to it instead of copying it.
+    storage = torch.UntypedStorage._new_shared(count * height * width * 3)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+def _labels(targets: Sequence[Any]) -> Any:
+    """int64 labels for int targets; anything else collated as ``default_collate`` would."""
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in targets):
+        return torch.tensor([int(t) for t in targets], dtype=torch.int64)
+    return default_collate(list(targets))
+
+
+class PrecollatedBatch(list[tuple[torch.Tensor, Any]]):
+    """A list of ``(image, label)`` pairs that already holds its collated batch.
+
+    ``images``: N×3×H×W uint8, channels_last memory (``buffer.permute(0, 3, 1, 2)``); item i's
+    image is ``images[i]``, a view. ``labels``: int64 (``default_collate`` of non-int targets).
+    """
+
+    images: torch.Tensor
+    labels: Any
+
+    def __init__(self, buffer: torch.Tensor, targets: Sequence[Any]) -> None:
+        if buffer.dim() != 4 or buffer.shape[-1] != 3 or buffer.dtype != torch.uint8:
+            raise ValueError(f"buffer must be a uint8 (N, H, W, 3) tensor, got {buffer.dtype} {tuple(buffer.shape)}")
+        if len(targets) != buffer.shape[0]:
+            raise ValueError(f"{len(targets)} targets for a buffer of {buffer.shape[0]} images")
+        images = buffer.permute(0, 3, 1, 2)
+        super().__init__(zip(images.unbind(0), targets))
+        self.images = images
+        self.labels = _labels(targets)
+        self._targets = list(targets)
+
+    def __reduce__(self) -> tuple[Callable[..., PrecollatedBatch], tuple[torch.Tensor, list[Any]]]:
+        # Pickle the buffer once, not N views of it (each view would share its storage again).
+        return PrecollatedBatch, (self.images.permute(0, 2, 3, 1), self._targets)
+
+
+def _collate_encoded(batch: Sequence[EncodedImage], *, collate_fn_map: Any = None) -> list[EncodedImage]:
+    return list(batch)
+
+
+_COLLATE_FN_MAP = {**default_collate_fn_map, EncodedImage: _collate_encoded}
+
+
+def collate(batch: Any) -> Any:
+    """``[images, labels]`` of a :class:`PrecollatedBatch` without a copy; else ``default_collate``
+    (which also keeps a batch's :class:`EncodedImage` items as a list, for the GPU decoder)."""
+    if isinstance(batch, PrecollatedBatch):
+        return [batch.images, batch.labels]  # a list, as default_collate makes of (image, label) pairs
+    return _collate_with(batch, collate_fn_map=_COLLATE_FN_MAP)

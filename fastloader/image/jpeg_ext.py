@@ -1,0 +1,108 @@
+"""Partial JPEG decoding: decode only a crop region, optionally DCT-scaled, with libjpeg-turbo.
+
+A thin typed wrapper over the optional C extension ``fastloader.image._jpeg``. ``AVAILABLE`` is False when
+the extension was not built (no libjpeg-turbo headers at install time); callers then decode with PIL.
+
+Exactness: with ``fast=False`` every returned pixel equals the same pixel of PIL's decode of the same
+bytes at the same scale (both use the system libjpeg-turbo, accurate integer IDCT, fancy upsampling),
+including the columns and rows outside the requested box. ``fast=True`` uses the fast integer IDCT and
+plain (non-fancy) chroma upsampling: a little faster, off by a few levels at chroma edges.
+
+Errors: ``ValueError`` for corrupt or truncated data (including warnings that libjpeg would paper over
+with grey rows), non-JPEG bytes, absurd dimensions (more than ``MAX_PIXELS``) and bad arguments;
+``UnsupportedJPEGError`` (a ``NotImplementedError``) for valid JPEGs this decoder leaves to PIL (CMYK,
+YCCK, 12-bit, lossless).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+
+def _load_extension() -> Any:
+    try:
+        return importlib.import_module("fastloader.image._jpeg")
+    except ImportError:  # not built (no libjpeg-turbo headers at install), or libjpeg missing at run time
+        return None
+
+
+_ext: Any = _load_extension()
+AVAILABLE: bool = _ext is not None
+# The libjpeg-turbo the extension was compiled against, e.g. 2001005 for 2.1.5; None when not built.
+LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not None else None
+MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
+SCALE_DENOMS = (1, 2, 4, 8)
+
+__all__ = [
+    "AVAILABLE",
+    "LIBJPEG_TURBO_VERSION",
+    "MAX_PIXELS",
+    "SCALE_DENOMS",
+    "UnsupportedJPEGError",
+    "decode",
+    "decode_region",
+    "jpeg_info",
+]
+
+
+class UnsupportedJPEGError(NotImplementedError):
+    """A valid JPEG that this decoder does not handle (CMYK, YCCK, 12-bit, ...): decode it with PIL."""
+
+
+def _module() -> Any:
+    if _ext is None:
+        raise RuntimeError("fastloader.image._jpeg is not built (no libjpeg-turbo headers at install); check AVAILABLE")
+    return _ext
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, int]:
+    """(width, height, n_components) from the JPEG header only; ValueError if it is not a readable JPEG."""
+    try:
+        width, height, components = _module().info(data)
+    except NotImplementedError as error:
+        raise UnsupportedJPEGError(str(error)) from None
+    return int(width), int(height), int(components)
+
+
+def _run(data: bytes, box: tuple[int, int, int, int] | None, scale_denom: int, fast: bool, rgbx: bool = False) -> Any:
+    if scale_denom not in SCALE_DENOMS:
+        raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
+    try:
+        return _module().decode(data, box, scale_denom, bool(fast), bool(rgbx))
+    except NotImplementedError as error:
+        raise UnsupportedJPEGError(str(error)) from None
+
+
+def _array(buffer: bytearray, offset: int, height: int, width: int, channels: int = 3) -> np.ndarray:
+    # The bytearray carries a few bytes of slack around the pixels (see read_rows in _jpeg.c): frombuffer
+    # views the packed pixels without a copy, writable because a bytearray is.
+    pixels = np.frombuffer(buffer, dtype=np.uint8, count=height * width * channels, offset=offset)
+    return pixels.reshape(height, width, channels)
+
+
+def decode_region(
+    data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """Decode box=(x0, y0, x1, y1) (full-resolution pixels) at 1/scale_denom into RGB uint8 (H', W', 3).
+
+    The array may cover a little more than the box (columns from an iMCU boundary, whole scaled rows);
+    the second value is (ox, oy), the scaled-image coordinates of pixel [0, 0], so the box in array
+    coordinates is (x0 / scale_denom - ox, y0 / scale_denom - oy, x1 / scale_denom - ox, ...).
+    Only the box's rows are colour-converted; the rows below it are not even entropy-decoded.
+    ``rgbx``: 4 bytes per pixel (the 4th unspecified), the layout PIL stores RGB in, so that
+    ``Image.frombuffer("RGBX", ...)`` wraps the pixels without a copy.
+    """
+    if len(box) != 4:
+        raise ValueError(f"box must be (x0, y0, x1, y1), got {box!r}")
+    x0, y0, x1, y1 = box
+    buffer, offset, height, width, ox, oy = _run(data, (x0, y0, x1, y1), scale_denom, fast, rgbx)
+    return _array(buffer, offset, height, width, 4 if rgbx else 3), (ox, oy)
+
+
+def decode(data: bytes, scale_denom: int = 1, fast: bool = False) -> np.ndarray:
+    """Decode the whole image at 1/scale_denom (size ceil(width / scale_denom) etc.) into RGB uint8 (H, W, 3)."""
+    buffer, offset, height, width, _, _ = _run(data, None, scale_denom, fast)
+    return _array(buffer, offset, height, width)

@@ -1,0 +1,17 @@
+"""The loader: what runs in the training process, around torch's own DataLoader iterator.
+
+One epoch::
+
+    sampler (default_sampler.py picks it; resume.py can restart it mid-epoch)
+        └─► torch's iterator: worker processes run the dataset and the image path (fastloader.image)
+              └─► producer thread (background.py): next(batch) ─► side-stream copy (device.py),
+                  GPU decode (fastloader.image.gpu_decode) and normalize (normalize.py)
+                    └─► bounded queue ─► training loop (dataloader.py: DataLoaderX and its iterator)
+
+Nothing here runs in a worker process; nothing here touches files.
+"""
+
+from fastloader.loader.background import BackgroundGenerator
+from fastloader.loader.dataloader import DataLoaderX
+
+__all__ = ["BackgroundGenerator", "DataLoaderX"]

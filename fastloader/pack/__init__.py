@@ -1,0 +1,15 @@
+"""The offline tools: ``fastloader pack`` (any source to LMDB or tar shards), ``scan`` and ``verify``.
+
+    source (folder, list, LMDB, RecordIO, TFRecord, tar) ─► reader processes (readers.py: read, check,
+    re-encode) ─► one writer: the pack engine (engine.py) ─► a sink (sink.py: the contract;
+    lmdb_sink.py, tar_sink.py) that owns durability and resume; metadata written last
+
+``scan.py`` decodes every item of a source and lists the bad ones; ``verify.py`` checks a finished
+pack. Byte layouts live in ``fastloader.formats``; none of this runs during training.
+"""
+
+from fastloader.pack.engine import PackSummary, pack
+from fastloader.pack.scan import scan
+from fastloader.pack.verify import verify
+
+__all__ = ["PackSummary", "pack", "scan", "verify"]

@@ -1,0 +1,331 @@
+"""``fastloader pack``: turn an image folder, file list, RecordIO, TFRecord, tar shards or a fastloader
+LMDB into a fastloader LMDB (default) or WebDataset-compatible tar shards::
+
+    from fastloader.pack.engine import pack
+    summary = pack("imagenet/train", "train.lmdb", resize_max_side=512, quality=90)
+    print(summary.format_text())
+
+Data flow: a pool of ``workers`` reader processes (default: the usable cores) takes ranges of
+source positions, reads each item, checks that it decodes and re-encodes it when asked. This
+process is the one writer: it takes the results in source order and hands them to the sink
+(``LMDBSink`` or ``TarShardSink``), which batches commits and owns durability. At most
+``2 * workers + 2`` ranges are in flight, so memory stays bounded when the writer is the slow side.
+The pool is forked before the sink opens its output (an LMDB environment must never cross a fork).
+
+Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
+fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues from
+the sink's ``resume_position()``: 0 samples lost, 0 duplicated. A destination holding a pack with
+another fingerprint is a clear error, never a silent mix.
+
+Bad inputs never abort a pack: an item that cannot be read, is empty or does not decode is
+skipped with its reason, counted in the summary (grouped by reason) and listed in
+``<DST>.skipped.tsv``. Without re-encoding every image is still decoded once to prove it whole;
+JPEGs at 1/8 scale in grayscale (libjpeg still parses the whole entropy-coded stream, so a
+truncated or corrupt file fails, for a fraction of a full decode's cost).
+
+Re-encoding (the FFCV trick: decode cost falls with pixel count): ``resize_max_side=N`` shrinks
+images whose longer side exceeds N to exactly N (never upscaling); the others keep their original
+bytes unless ``quality`` is given. Re-encoded images are RGB JPEGs at ``quality`` (default 90),
+CMYK / grayscale / palette / RGBA converted to RGB as ``decode_pil`` does at read time. An image
+re-encoded at its own size keeps its original bytes when the JPEG would not be smaller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastloader.datasets.base import Source
+from fastloader.formats.bad_samples import BadSample
+from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
+from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
+from fastloader.pack.sink import Sink
+
+OUTPUT_FORMATS = ("lmdb", "tar")
+_KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
+
+
+def detect_source_kind(src: str) -> str:
+    """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
+    if os.path.isdir(src):
+        from fastloader.formats.tar_manifest import MANIFEST_NAME
+
+        if os.path.exists(os.path.join(src, "data.mdb")):
+            return "lmdb"
+        return "tar" if os.path.exists(os.path.join(src, MANIFEST_NAME)) else "folder"
+    name = os.path.basename(src).lower()
+    if name.endswith((".txt", ".csv", ".lst", ".tsv")):
+        return "list"
+    if name.endswith(".rec"):
+        return "recordio"
+    if ".tfrecord" in name or name.endswith(".tfrec"):
+        return "tfrecord"
+    if name.endswith(".tar"):
+        return "tar"
+    if name.endswith((".mdb", ".lmdb")):
+        return "lmdb"
+    raise ValueError(
+        f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
+        "a .tfrecord pattern, a .tar pattern or a fastloader LMDB (or pass src_format)"
+    )
+
+
+# Where each source kind lives: imported when used (their modules need nothing until then).
+_SOURCE_CLASSES = {
+    "folder": ("fastloader.datasets.folder", "FolderSource"),
+    "list": ("fastloader.datasets.folder", "FileListSource"),
+    "recordio": ("fastloader.datasets.recordio", "RecordIOSource"),
+    "tfrecord": ("fastloader.datasets.tfrecord", "TFRecordSource"),
+    "tar": ("fastloader.datasets.tar", "TarShardSource"),
+    "lmdb": ("fastloader.datasets.lmdb", "LMDBSource"),
+}
+SOURCE_KINDS = tuple(_SOURCE_CLASSES)
+
+
+def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
+    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`)."""
+    kind = detect_source_kind(src) if kind == "auto" else kind
+    if kind not in _SOURCE_CLASSES:
+        raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+    module, name = _SOURCE_CLASSES[kind]
+    source_class = getattr(importlib.import_module(module), name)
+    source: Source = source_class(src, root) if kind == "list" else source_class(src)
+    return source, kind
+
+
+@dataclass
+class _Counts:
+    packed: int = 0
+    skipped: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
+    """Add a prepared item to the sink, or record why it is skipped."""
+    reason = item.reason
+    if item.data is not None:
+        try:
+            sink.add(item.position, item.key, item.label, item.data)
+        except ValueError as error:  # an output that cannot hold this image (tar: an unknown format)
+            reason = f"rejected: {describe_error(error)}"
+        else:
+            counts.packed += 1
+            counts.bytes_in += item.bytes_in
+            counts.bytes_out += len(item.data)
+            return
+    sink.add_skipped(item.position, item.key, reason)
+    counts.skipped += 1
+
+
+def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: str, progress: bool) -> _Counts:
+    from tqdm import tqdm
+
+    counts = _Counts()
+    name = os.path.basename(dst.rstrip(os.sep))
+    bar = tqdm(total=total, initial=start, unit="img", desc=f"pack {name}", disable=not progress, file=sys.stderr)
+    with bar:
+        for item in items:
+            _hand_over(sink, item, counts)
+            if item.data is None:
+                bar.set_postfix(skipped=counts.skipped, refresh=False)
+            bar.update(1)
+    return counts
+
+
+def _fingerprint(source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int) -> dict[str, Any]:
+    total = len(source)
+    picks = sorted({round(i * (total - 1) / (_KEY_SAMPLES - 1)) for i in range(_KEY_SAMPLES)}) if total else []
+    digest = hashlib.sha256("\n".join(source.key(i) for i in picks).encode("utf-8", "surrogateescape")).hexdigest()
+    fingerprint: dict[str, Any] = {
+        "source": {"kind": kind, "count": total, "keys_sha256": digest},
+        "output": output,
+        "resize_max_side": options.resize_max_side,
+        "quality": options.quality,
+    }
+    if output == "tar":
+        fingerprint["shard_size"] = shard_size
+    return fingerprint
+
+
+def _open_sink(
+    dst: str, output: str, fingerprint: dict[str, Any], shard_size: int, commit_every: int, map_size: int
+) -> Sink:
+    if output == "lmdb":
+        return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every)
+    from fastloader.pack.tar_sink import TarShardSink
+
+    sink: Sink = TarShardSink(dst, fingerprint, shard_size=shard_size)
+    return sink
+
+
+def _abandon(sink: Sink) -> None:
+    """Keep what an interrupted pack handed over, if the sink still can, and close it."""
+    # Already on an error path (a full disk fails these too): the first error is the one to report.
+    with contextlib.suppress(Exception):
+        sink.checkpoint()
+    with contextlib.suppress(Exception):
+        sink.close()
+
+
+def _raise_write_error(error: BaseException, dst: str) -> None:
+    """Name the destination and the remedy when writing failed (a full disk, an unwritable path):
+    LMDB says only "Input/output error", and OSError does not always name the file."""
+    import lmdb
+
+    if isinstance(error, (OSError, lmdb.Error)) and not isinstance(error, FileNotFoundError):
+        raise OSError(
+            getattr(error, "errno", None) or 0,
+            f"{dst}: writing the pack failed ({type(error).__name__}: {error}). Is the disk full or the"
+            " destination unwritable? What was committed is kept, and it is not a complete pack: free"
+            " space and run the same command again to resume.",
+        ) from error
+
+
+def report_path(dst: str | os.PathLike[str]) -> str:
+    """Where the list of skipped items goes: ``<DST>.skipped.tsv``, beside the output."""
+    return os.fspath(dst).rstrip(os.sep) + ".skipped.tsv"
+
+
+def write_report(path: str, skipped: list[BadSample]) -> None:
+    from fastloader.storage import atomic_write_bytes
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
+    lines = ["position\tkey\treason"] + [f"{s.position}\t{cell(s.key)}\t{cell(s.reason)}" for s in skipped]
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+
+
+@dataclass(frozen=True)
+class PackSummary:
+    """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run."""
+
+    src: str
+    dst: str
+    format: str
+    total: int  # items in the source
+    resumed_from: int  # the first source position this run handled (0: a fresh pack)
+    packed_now: int  # images this run wrote
+    skipped: tuple[BadSample, ...] = field(default_factory=tuple)
+    bytes_in: int = 0  # encoded bytes of the images this run wrote, as read
+    bytes_out: int = 0  # and as written
+    elapsed_s: float = 0.0
+    report_path: str | None = None
+
+    @property
+    def packed(self) -> int:
+        return self.total - len(self.skipped)
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.total - self.resumed_from) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """BadSample items counted by reason (its kind and exception type, e.g. ``undecodable: OSError``)."""
+        return dict(Counter(": ".join(item.reason.split(": ", 2)[:2]) for item in self.skipped).most_common())
+
+    def format_text(self) -> str:
+        mb_in, mb_out = self.bytes_in / 1e6, self.bytes_out / 1e6
+        lines = [f"packed {self.packed:,} of {self.total:,} images into {self.dst} ({self.format})"]
+        if self.resumed_from == self.total:
+            lines.append("  already complete: nothing to do")
+        elif self.resumed_from:
+            lines.append(f"  resumed at item {self.resumed_from:,}")
+        lines.append(
+            f"  this run: {self.packed_now:,} images in {self.elapsed_s:.1f} s ({self.images_per_s:,.0f} images/s), "
+            f"read {mb_in:,.1f} MB, wrote {mb_out:,.1f} MB"
+        )
+        if self.skipped:
+            lines.append(f"  skipped {len(self.skipped):,} (listed in {self.report_path}):")
+            lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        extra = {"packed": self.packed, "images_per_s": self.images_per_s, "by_reason": self.skipped_by_reason()}
+        return {**asdict(self), **extra}
+
+
+def _check_options(output: str, resize_max_side: int | None, quality: int | None, workers: int | None) -> None:
+    if output not in OUTPUT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(OUTPUT_FORMATS)}, got {output!r}")
+    if resize_max_side is not None and (not isinstance(resize_max_side, int) or resize_max_side < 1):
+        raise ValueError(f"resize_max_side must be a positive integer or None, got {resize_max_side!r}")
+    if quality is not None and (not isinstance(quality, int) or not 1 <= quality <= 100):
+        raise ValueError(f"quality must be an integer from 1 to 100 or None, got {quality!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be a non-negative integer or None, got {workers!r}")
+
+
+def pack(
+    src: str | os.PathLike[str] | Source,
+    dst: str | os.PathLike[str],
+    *,
+    format: str = "lmdb",
+    resize_max_side: int | None = None,
+    quality: int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    src_format: str = "auto",
+    root: str | None = None,
+    shard_size: int = 10000,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    map_size: int = DEFAULT_MAP_SIZE,
+) -> PackSummary:
+    """Pack ``src`` (a path, or any :class:`Source`) into ``dst``; resume it if an earlier run was cut short.
+
+    ``format``: ``lmdb`` or ``tar`` (shards of ``shard_size``). ``workers``: reader processes
+    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
+    (default: guessed, see :func:`detect_source_kind`); ``root``: the base of a file list's
+    relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
+    size (it grows by itself). A progress bar goes to stderr when ``progress``.
+    """
+    _check_options(format, resize_max_side, quality, workers)
+    dst = os.fspath(dst)
+    options = ReencodeOptions(resize_max_side, quality)
+    if isinstance(src, Source):
+        source, kind, src_name = src, type(src).__name__, type(src).__name__
+    else:
+        src_name = os.fspath(src)
+        source, kind = open_source(src_name, src_format, root=root)
+    workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    fingerprint = _fingerprint(source, kind, format, options, shard_size)
+    started = time.monotonic()
+    with reader_pool(source, options, workers) as pool:
+        sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size)
+        try:
+            start = sink.resume_position()
+            items = prepared(source, options, pool, start, workers)
+            counts = _copy(items, sink, len(source), start, dst, progress)
+            skipped = sink.skipped()
+            classes = getattr(source, "classes", None)
+            sink.finish(None if classes is None else list(classes), {"source": src_name, "source_kind": kind})
+        except BaseException as error:
+            _abandon(sink)
+            _raise_write_error(error, dst)
+            raise
+    report = None
+    if skipped:
+        report = report_path(dst)
+        write_report(report, skipped)
+    return PackSummary(
+        src_name,
+        dst,
+        format,
+        total=len(source),
+        resumed_from=start,
+        packed_now=counts.packed,
+        skipped=tuple(skipped),
+        bytes_in=counts.bytes_in,
+        bytes_out=counts.bytes_out,
+        elapsed_s=time.monotonic() - started,
+        report_path=report,
+    )

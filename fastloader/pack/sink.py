@@ -1,0 +1,57 @@
+"""What ``fastloader pack`` writes into: the contract between the pack engine and an output format.
+
+The engine reads a source in order (position 0, 1, 2, ...), re-encodes where asked, and hands each
+item to a sink; the sink owns durability and resume. A pack killed at any moment (SIGKILL, a full
+disk) and run again with the same arguments must end with every input exactly once: 0 lost, 0
+duplicated. So:
+
+* ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
+* ``checkpoint()`` makes durable what the sink's unit of durability allows: everything handed over
+  for an LMDB sink (one transaction), whole shards only for a tar sink (a shard is renamed into
+  place when complete, so a resume may redo up to one shard of work). Whatever the unit,
+  ``resume_position()`` always equals the first position that is *not* durable: work may be
+  redone, never lost or duplicated.
+* A new sink opened on the same destination with the same ``fingerprint`` (a JSON-able dict
+  describing the source and the options) reports that ``resume_position()``, and the engine
+  continues from there. A different fingerprint is a clear error naming the destination, never
+  a silent mix of two packs.
+* ``finish`` writes the metadata / index last: it is the commit point that makes the output
+  readable as a dataset. Until then a reader of the destination gets a clear "incomplete pack"
+  error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastloader.formats.bad_samples import BadSample
+
+
+class Sink(Protocol):
+    def resume_position(self) -> int:
+        """The first source position not yet durably written or skipped (0 for a fresh destination)."""
+        ...
+
+    def add(self, position: int, key: str, label: int, data: bytes) -> None:
+        """Append one encoded image (``key`` is the source's key, kept for reports and lookups)."""
+        ...
+
+    def add_skipped(self, position: int, key: str, reason: str) -> None:
+        """Record that the item at ``position`` was skipped (it counts as consumed for resume)."""
+        ...
+
+    def skipped(self) -> list[BadSample]:
+        """Every item skipped so far, across resumed runs."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Make everything handed over so far durable."""
+        ...
+
+    def finish(self, classes: list[str] | None, meta: dict[str, Any]) -> None:
+        """Write the metadata / index (the commit point) and close."""
+        ...
+
+    def close(self) -> None:
+        """Close without finishing (an interrupted pack); what was durable stays durable."""
+        ...

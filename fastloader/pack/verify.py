@@ -1,0 +1,186 @@
+"""``fastloader verify DST``: check a packed output end to end, naming every bad record.
+
+For a fastloader LMDB:
+
+1. The LMDB structure (every page, both meta pages, key order, the free list) is walked by
+   py-lmdb's offline verifier (``lmdb.verify``, py-lmdb >= 3.0), which reads the file as bytes and
+   so cannot be crashed by a corrupted page the way opening it through liblmdb could. A file that
+   fails it is reported and not opened.
+2. The metadata must be there (an incomplete pack or a foreign LMDB is a FormatError saying so).
+3. Every record: its header, its CRC32C (over header and image bytes), its label against the
+   labels record; record keys must run 0 .. count - 1 with no gap, and every other key must be a
+   reserved one.
+
+For tar shards written by ``fastloader pack --format tar``: the manifest must be complete, every
+sample readable and the count must match. Tar members carry no checksum of their data, so a
+flipped byte inside an image is only found in an LMDB.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from fastloader.errors import FormatError
+from fastloader.formats import lmdb_records as records
+
+_MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record regardless
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of :func:`verify`: ``ok`` when ``problems`` is empty."""
+
+    path: str
+    format: str  # "lmdb" or "tar"
+    expected: int  # records the metadata announces
+    checked: int  # records read and checked
+    problems: tuple[str, ...] = ()
+    bad_records: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format_text(self, limit: int = 20) -> str:
+        if self.ok:
+            return f"OK: {self.checked:,} records verified in {self.path} ({self.format})"
+        lines = [f"FAILED: {len(self.problems):,} problems in {self.path} ({self.checked:,} records checked)"]
+        lines += [f"  {problem}" for problem in self.problems[:limit]]
+        if len(self.problems) > limit:
+            lines.append(f"  ... and {len(self.problems) - limit:,} more")
+        return "\n".join(lines)
+
+
+def _structure_problems(path: str) -> list[str]:
+    try:
+        from lmdb.verify import VerifyError
+        from lmdb.verify import verify as verify_structure
+    except ImportError:  # py-lmdb < 3.0 has no offline verifier: the record checks still run
+        return []
+    try:
+        found: list[str] = verify_structure(path, subdir=os.path.isdir(path))
+    except VerifyError as error:
+        return [f"{path}: not a valid LMDB file ({error})"]
+    return [f"{path}: LMDB structure: {problem}" for problem in found]
+
+
+def _progress_bar(total: int, what: str, show: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", desc=f"verify {what}", disable=not show, file=sys.stderr, dynamic_ncols=True)
+
+
+class _LMDBCheck:
+    """The record checks of one LMDB, gathering problems as it goes."""
+
+    def __init__(self, path: str, txn: lmdb.Transaction, count: int, labels: np.ndarray) -> None:
+        self.path, self.txn, self.count, self.labels = path, txn, count, labels
+        self.problems: list[str] = []
+        self.bad: list[int] = []
+        self.checked = 0
+
+    def problem(self, message: str, number: int | None = None) -> None:
+        if number is not None:
+            self.bad.append(number)
+            from fastloader.datasets.lmdb import source_key
+
+            origin = source_key(self.txn, number)
+            message = f"{self.path}[{number}]" + (f" ({origin})" if origin else "") + f": {message}"
+        if len(self.problems) < _MAX_PROBLEMS:
+            self.problems.append(message)
+
+    def record(self, number: int, value: bytes | memoryview) -> None:
+        try:
+            header = records.parse_header(value, "record")
+        except FormatError as error:
+            self.problem(str(error).removeprefix("record: "), number)
+            return
+        if records.record_checksum(value) != header.checksum:
+            self.problem("checksum mismatch: the record is corrupted", number)
+        elif number >= self.count:
+            self.problem(f"record beyond the {self.count} the metadata announces", number)
+        elif header.label != self.labels[number]:
+            self.problem(f"label {header.label} differs from the labels record ({self.labels[number]})", number)
+
+    def run(self, show_progress: bool) -> None:
+        expected = 0
+        with _progress_bar(self.count, self.path, show_progress) as bar:
+            for raw_key, value in self.txn.cursor():
+                key = bytes(raw_key)
+                if not records.is_record_key(key):
+                    if not key.startswith(records.RESERVED_PREFIX):
+                        self.problem(f"{self.path}: unexpected key {key!r} (not a record, not reserved)")
+                    continue
+                number = records.record_number(key)
+                if number != expected:
+                    self.problem(f"{self.path}: records {expected}..{number - 1} are missing")
+                self.record(number, value)
+                self.checked += 1
+                expected = number + 1
+                bar.update(1)
+        if expected < self.count:
+            self.problem(f"{self.path}: {self.count} records announced, the last key is {expected - 1}")
+
+
+def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
+    from fastloader.datasets.lmdb import shared_handle
+
+    structure = _structure_problems(path)
+    if structure:
+        return VerifyReport(path, "lmdb", 0, 0, tuple(structure))
+    try:
+        handle = shared_handle(path)  # FormatError when incomplete, foreign or newer
+        with handle.env.begin(buffers=True) as txn:
+            check = _LMDBCheck(path, txn, handle.meta.count, handle.labels)
+            check.run(show_progress)
+    except lmdb.Error as error:  # a structure the offline walk could not judge (or an older py-lmdb)
+        return VerifyReport(path, "lmdb", 0, 0, (f"{path}: LMDB error while reading ({error})",))
+    return VerifyReport(path, "lmdb", handle.meta.count, check.checked, tuple(check.problems), tuple(check.bad))
+
+
+def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
+    from fastloader.datasets.tar import TarShardSource, read_pack_manifest
+
+    expected = sum(shard.count for shard in read_pack_manifest(path).shards)  # FormatError if unfinished
+    try:
+        source = TarShardSource(path)
+    except FormatError as error:  # a shard that no longer parses (truncated, overwritten)
+        return VerifyReport(path, "tar", expected, 0, (str(error),))
+    problems, bad = [], []
+    if len(source) != expected:
+        problems.append(f"{path}: {len(source)} samples in the shards, the manifest announces {expected}")
+    with _progress_bar(len(source), path, show_progress) as bar:
+        for index in range(len(source)):
+            try:
+                if not source.read(index):
+                    raise FormatError(f"{source.key(index)}: empty image member")
+            except (OSError, FormatError) as error:
+                bad.append(index)
+                if len(problems) < _MAX_PROBLEMS:
+                    problems.append(str(error))
+            bar.update(1)
+    return VerifyReport(path, "tar", expected, len(source), tuple(problems), tuple(bad))
+
+
+def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyReport:
+    """Check every record of the pack at ``dst`` (LMDB or tar shards); see the module docstring.
+
+    Raises FileNotFoundError when nothing is there and FormatError when ``dst`` is not a finished
+    pack (incomplete, written by another tool or by a newer fastloader).
+    """
+    path = os.fspath(dst)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such pack")
+    if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
+        return _verify_lmdb(path, progress)
+    from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME
+
+    if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST_NAME, PROGRESS_NAME)):
+        return _verify_tar(path, progress)
+    raise FormatError(f"{path}: neither a fastloader LMDB (no data.mdb) nor tar shards (no {MANIFEST_NAME})")

@@ -1,0 +1,63 @@
+"""The memory-mapped index file: round trip, and clear errors for foreign, older or truncated files."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastloader.errors import FormatError
+from fastloader.formats.index_file import pack_strings, read_index, string_at, write_index
+
+
+def test_round_trip_is_memory_mapped(tmp_path: Path) -> None:
+    blob, offsets = pack_strings(["a/b.jpg", "ümlaut/ç.jpg", "", "x" * 1000])
+    labels = np.arange(4, dtype=np.int64)
+    path = tmp_path / "i.idx"
+    write_index(
+        path,
+        "test",
+        3,
+        {"root": "/data", "classes": ["a", "b"]},
+        {"blob": blob, "offsets": offsets, "labels": labels, "empty": np.zeros(0, np.int32)},
+    )
+    index = read_index(path, "test", 3)
+    assert index.meta == {"root": "/data", "classes": ["a", "b"]}
+    assert isinstance(index.arrays["labels"], np.memmap) and not index.arrays["labels"].flags.writeable
+    assert index.arrays["labels"].tolist() == [0, 1, 2, 3] and index.arrays["empty"].shape == (0,)
+    assert [string_at(index.arrays["blob"], index.arrays["offsets"], i) for i in range(4)] == [
+        "a/b.jpg",
+        "ümlaut/ç.jpg",
+        "",
+        "x" * 1000,
+    ]
+    assert not list(tmp_path.glob("*.tmp")), "no temporary file left behind"
+
+
+def test_surrogate_escaped_file_names_survive() -> None:
+    name = b"caf\xe9.jpg".decode("utf-8", "surrogateescape")  # a Latin-1 name on a UTF-8 system
+    blob, offsets = pack_strings([name])
+    assert string_at(blob, offsets, 0) == name
+
+
+def test_wrong_kind_or_version_is_a_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "i.idx"
+    write_index(path, "folder", 1, {}, {"a": np.zeros(3)})
+    with pytest.raises(FormatError, match="expected 'tar' v1"):
+        read_index(path, "tar", 1)
+    with pytest.raises(FormatError, match="version 1"):
+        read_index(path, "folder", 2)
+
+
+def test_foreign_and_truncated_files_are_format_errors(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.idx"
+    foreign.write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(FormatError, match="bad magic"):
+        read_index(foreign, "folder", 1)
+    path = tmp_path / "i.idx"
+    write_index(path, "folder", 1, {}, {"a": np.arange(1000)})
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(FormatError, match="truncated"):
+        read_index(path, "folder", 1)

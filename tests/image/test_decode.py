@@ -1,0 +1,146 @@
+"""decode_plan: both backends (jpeg_ext region decode, PIL draft) give torchvision's pixels, DCT
+scaling only where the output is small enough, zero padding and flips, errors naming the key."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as tv
+import torchvision.transforms.functional as tvf
+from PIL import JpegImagePlugin
+
+from fastloader import transforms as T
+from fastloader.datasets.base import decode_pil
+from fastloader.errors import DecodeError
+from fastloader.image import decode
+from fastloader.image.geometry import CropPlan
+from tests.transforms import photo_bytes
+
+needs_ext = pytest.mark.skipif(decode._jpeg_ext() is None, reason="fastloader.image.jpeg_ext is not built")
+
+
+def pil_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode, "_jpeg_ext", lambda: None)
+
+
+def test_image_size_reads_the_header() -> None:
+    assert decode.image_size(photo_bytes("jpeg", 333, 250)) == (333, 250)
+    assert decode.image_size(photo_bytes("jpeg_cmyk", 90, 70)) == (90, 70)  # jpeg_ext refuses CMYK: PIL
+    assert decode.image_size(photo_bytes("png_rgba", 90, 70)) == (90, 70)
+    with pytest.raises(DecodeError, match="shard-3/img.jpg"):
+        decode.image_size(b"\xff\xd8garbage", key="shard-3/img.jpg")
+
+
+PLANS = [
+    CropPlan((0, 0, 500, 375), (375, 500), False),  # the whole image, 1:1
+    CropPlan((13, 7, 301, 290), (224, 224), True),  # a crop: region decode, crop then resize
+    CropPlan((430, 300, 500, 375), (100, 120), False),  # bottom-right corner, upscaled
+    CropPlan((10, 5, 490, 370), (60, 80), False),  # small output: DCT 1/4
+    CropPlan((85, 23, 414, 352), (224, 224), False, exact_box=(85.04, 23.44, 413.49, 351.56)),
+]
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["jpeg", "jpeg_progressive", "jpeg_gray"])
+def test_region_decode_equals_the_pil_path(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = photo_bytes(kind, 500, 375, seed=5)
+    with_ext = [decode.decode_plan(data, plan) for plan in PLANS]
+    pil_only(monkeypatch)
+    for plan, ours in zip(PLANS, with_ext):
+        # Same libjpeg-turbo, same scale, a margin around the box for the filter: the same pixels
+        # (a fractional box lands on a region-relative float: a handful of pixels round the other way).
+        diff = np.abs(ours.astype(int) - decode.decode_plan(data, plan))
+        assert diff.max() <= (0 if plan.exact_box is None else 1) and np.count_nonzero(diff) < 10, plan
+
+
+def test_dct_scaling_only_when_the_output_is_small_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    scales: list[int] = []
+    original_draft = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self: JpegImagePlugin.JpegImageFile, mode: str | None, size: tuple[int, int] | None) -> object:
+        result = original_draft(self, mode, size)
+        scales.append(round(self.size[0] and 2000 / self.size[0]))
+        return result
+
+    pil_only(monkeypatch)
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    data = photo_bytes("jpeg", 2000, 1500, seed=6)
+    small = T.Compose([T.Resize(146), T.CenterCrop(128)])
+    reference = tv.Compose([tv.Resize(146), tv.CenterCrop(128)])
+    ours = small(data)
+    assert scales == [4]  # 1315 px -> 128: 1/4 still leaves >= 1.5x the output resolution
+    mean = (ours.int() - tvf.pil_to_tensor(reference(decode_pil(data))).int()).abs().double().mean()
+    assert mean < 1.0
+    scales.clear()
+    T.Compose([T.Resize(146, interpolation=tv.InterpolationMode.NEAREST), T.CenterCrop(128)])(data)
+    T.CenterCrop(1000)(data)
+    assert scales == []  # nearest neighbour picks pixels; a 1:1 crop has no room
+
+
+@needs_ext
+def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = decode._jpeg_ext()
+    calls: list[tuple[tuple[int, ...], int]] = []
+
+    def spy(
+        data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
+    ) -> object:
+        calls.append((box, scale_denom))
+        return ext.decode_region(data, box, scale_denom, fast, rgbx)
+
+    monkeypatch.setattr(decode, "_jpeg_ext", lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy))
+    data = photo_bytes("jpeg", 1024, 768, seed=7)
+    decode.decode_plan(data, CropPlan((100, 50, 900, 700), (64, 64), False))  # 650 / 64 >= 1.5 * 4
+    decode.decode_plan(data, CropPlan((100, 50, 300, 250), (128, 128), False))
+    assert [scale for _, scale in calls] == [4, 1]
+    x0, y0, x1, y1 = calls[1][0]  # the box and a margin for the bilinear filter's reach, not the image
+    assert 95 <= x0 < 100 and 45 <= y0 < 50 and 300 < x1 <= 305 and 250 < y1 <= 255
+
+
+def test_padding_is_zero_and_flips_with_the_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = photo_bytes("jpeg", 150, 101, seed=8)
+    for flip in (False, True):
+        ours = T.Compose([T.CenterCrop((120, 181)), T.RandomHorizontalFlip(p=float(flip))], exact_decode=True)(data)
+        reference = tvf.center_crop(decode_pil(data), [120, 181])
+        reference = tvf.hflip(reference) if flip else reference
+        assert torch.equal(ours, tvf.pil_to_tensor(reference))  # left pad 15, right pad 16: flipped too
+    outside = decode.decode_plan(data, CropPlan((200, 0, 260, 40), (8, 8), False))
+    assert outside.shape == (8, 8, 3) and not outside.any()
+
+
+def test_out_receives_the_pixels() -> None:
+    data = photo_bytes("jpeg", 200, 150, seed=9)
+    plan = CropPlan((10, 10, 110, 90), (40, 50), False)
+    batch = np.zeros((3, 40, 50, 3), dtype=np.uint8)
+    slot = batch[1]
+    assert decode.decode_plan(data, plan, out=slot) is slot
+    assert np.array_equal(batch[1], decode.decode_plan(data, plan)) and not batch[0].any()
+    with pytest.raises(ValueError, match="shape"):
+        decode.decode_plan(data, plan, out=np.zeros((40, 50, 4), dtype=np.uint8))
+    with pytest.raises(ValueError, match="interpolation"):
+        decode.decode_plan(data, CropPlan((0, 0, 10, 10), (4, 4), False, interpolation="cubic"))
+
+
+def test_corrupt_data_falls_back_to_pil_and_names_the_key() -> None:
+    data = photo_bytes("jpeg", 200, 150, seed=10)
+    plan = CropPlan((0, 0, 200, 150), (32, 32), False)
+    for bad in (data[:600], data[:2] + b"\x00" * 64, b"GIF89a not really", b""):
+        with pytest.raises(DecodeError, match="n01440764/bad.JPEG"):
+            decode.decode_plan(bad, plan, key="n01440764/bad.JPEG")
+
+
+def test_a_region_that_misses_the_box_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken extension must fail loudly, not shift the crop."""
+
+    def short(
+        data: bytes, box: tuple[int, int, int, int], scale_denom: int = 1, fast: bool = False, rgbx: bool = False
+    ) -> object:
+        return np.zeros((4, 4, 4 if rgbx else 3), dtype=np.uint8), (box[0] // scale_denom, box[1] // scale_denom)
+
+    fake = types.SimpleNamespace(jpeg_info=lambda data: (200, 150, 3), decode_region=short)
+    monkeypatch.setattr(decode, "_jpeg_ext", lambda: fake)
+    with pytest.raises(RuntimeError, match="does not cover"):
+        decode.decode_plan(photo_bytes("jpeg", 200, 150), CropPlan((0, 0, 100, 100), (32, 32), False))

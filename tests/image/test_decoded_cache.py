@@ -1,0 +1,124 @@
+"""The decoded cache: filled by worker processes in the first epoch, identical images from the
+second on without reading the source, rebuilt when the transform or the source changes."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from fastloader import transforms as T
+from fastloader.datasets.base import ImageDataset
+from fastloader.datasets.folder import ImageFolder
+from fastloader.image.batching import collate
+from fastloader.image.decoded_cache import DecodedCache, _read_meta
+from tests.transforms import KINDS, encode, photo
+
+EVAL = T.Compose([T.Resize(40), T.CenterCrop(32)])
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cache") / "images"
+    kinds = sorted(KINDS)
+    for index in range(18):
+        (root / f"class_{index % 2}").mkdir(parents=True, exist_ok=True)
+        data = encode(photo(80 + 5 * index, 60 + 3 * index, seed=index), kinds[index % len(kinds)])
+        (root / f"class_{index % 2}" / f"{index:03d}.jpg").write_bytes(data)
+    return root
+
+
+def epoch(dataset: ImageFolder, workers: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    loader = DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=collate)
+    images, labels = zip(*loader)
+    return torch.cat(images), torch.cat(labels)
+
+
+def test_second_epoch_comes_from_the_cache_filled_by_workers(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = ImageFolder(folder, transform=EVAL)
+    uncached = epoch(dataset)
+    dataset.set_cache(tmp_path / "eval.cache")
+    assert dataset._cache is not None and dataset._cache.filled() == 0
+    first = epoch(dataset)
+    assert dataset._cache.filled() == len(dataset)  # written by two worker processes, seen here
+    assert torch.equal(first[0], uncached[0]) and torch.equal(first[1], uncached[1])
+
+    def unreadable(index: int) -> bytes:
+        raise AssertionError("a cached epoch must not read the source")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dataset.source, "read", unreadable)
+        second = epoch(dataset)
+        assert torch.equal(second[0], first[0]) and torch.equal(second[1], first[1])
+        assert torch.equal(dataset[3][0], first[0][3])  # the per-sample path reads the cache too
+    clone = pickle.loads(pickle.dumps(dataset))  # a spawned worker: maps the file itself
+    assert torch.equal(clone[5][0], first[0][5])
+
+
+def test_a_changed_transform_or_source_rebuilds_the_cache(folder: Path, tmp_path: Path) -> None:
+    path = tmp_path / "eval.cache"
+    dataset = ImageFolder(folder, transform=EVAL)
+    dataset.set_cache(path)
+    epoch(dataset, workers=0)
+    assert dataset._cache is not None and dataset._cache.filled() == len(dataset)
+    dataset.set_cache(path)  # the same transform and source: reused
+    assert dataset._cache.filled() == len(dataset)
+    dataset.transform = T.Compose([T.Resize(40), T.CenterCrop(30)])
+    with pytest.raises(ValueError, match="set_cache again"):
+        dataset[0]
+    dataset.set_cache(path)
+    assert dataset._cache.filled() == 0 and dataset[0][0].shape == (3, 30, 30)
+    smaller = ImageFolder(folder, transform=dataset.transform, is_valid_file=lambda p: not p.endswith("017.jpg"))
+    smaller.set_cache(path)
+    meta = _read_meta(str(path))
+    assert meta is not None and meta.length == len(smaller) == len(dataset) - 1
+    path.write_bytes(b"not a cache")
+    smaller.set_cache(path)
+    assert smaller._cache is not None and smaller._cache.filled() == 0 and torch.equal(smaller[2][0], smaller[2][0])
+
+
+def test_random_or_unsized_transforms_are_refused(folder: Path, tmp_path: Path) -> None:
+    for transform, match in (
+        (T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()]), "fixed transform"),
+        (T.Compose([T.CenterCrop(32), T.RandomHorizontalFlip()]), "fixed transform"),
+        (T.Resize(32), "fixed output size"),
+        (v2.Compose([v2.PILToTensor()]), "fastloader transform"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ImageFolder(folder, transform=transform).set_cache(tmp_path / "x.cache")
+
+
+def test_trailing_random_transforms_run_on_every_read(folder: Path, tmp_path: Path) -> None:
+    jitter = T.Compose([T.Resize(40), T.CenterCrop(32), v2.ColorJitter(brightness=0.5)])
+    dataset = ImageFolder(folder, transform=jitter)
+    dataset.set_cache(tmp_path / "jitter.cache")
+    torch.manual_seed(0)
+    first = dataset[2][0]
+    assert dataset._cache is not None and dataset._cache.filled() == 1  # the crop, before the jitter
+    torch.manual_seed(1)
+    assert not torch.equal(dataset[2][0], first)
+    torch.manual_seed(0)
+    assert torch.equal(dataset[2][0], first)
+
+
+def test_the_constructor_takes_a_cache_path(folder: Path, tmp_path: Path) -> None:
+    source = ImageFolder(folder).source
+    dataset = ImageDataset(source, transform=EVAL, cache=tmp_path / "ctor.cache")
+    images, labels = collate(dataset.__getitems__([0, 1, 2]))
+    assert images.shape == (3, 3, 32, 32) and labels.tolist() == [source.label(i) for i in range(3)]
+    assert isinstance(dataset._cache, DecodedCache) and dataset._cache.filled() == 3
+    again, _ = collate(dataset.__getitems__([0, 1, 2]))
+    assert torch.equal(again, images)
+    dataset.set_cache(None)
+    assert dataset._cache is None

@@ -1,0 +1,331 @@
+"""fastloader.image.jpeg_ext: partial JPEG decoding against PIL (same libjpeg-turbo), errors, threads, leaks."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastloader.image import jpeg_ext
+from fastloader.sample import PHOTOS
+
+pytestmark = pytest.mark.skipif(
+    not jpeg_ext.AVAILABLE, reason="fastloader.image._jpeg not built (no libjpeg-turbo headers at install time)"
+)
+
+# name -> (width, height, PIL save options). PIL subsampling: 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0.
+KINDS: dict[str, tuple[int, int, dict]] = {
+    "420": (500, 375, {"quality": 90, "subsampling": 2}),
+    "422_odd": (333, 257, {"quality": 85, "subsampling": 1}),
+    "444_odd": (257, 333, {"quality": 95, "subsampling": 0}),
+    "420_progressive": (375, 500, {"quality": 80, "subsampling": 2, "progressive": True}),
+    "444_progressive": (301, 203, {"quality": 90, "subsampling": 0, "progressive": True}),
+    "420_restart": (333, 257, {"quality": 90, "subsampling": 2, "restart_marker_rows": 1}),
+    "420_optimized_tiny": (17, 9, {"quality": 75, "subsampling": 2, "optimize": True}),
+    "one_pixel": (1, 1, {"quality": 90}),
+    "gray": (333, 257, {"quality": 90, "mode": "L"}),
+    "gray_progressive": (200, 123, {"quality": 90, "mode": "L", "progressive": True}),
+}
+
+
+def photo_crop(width: int, height: int, seed: int) -> Image.Image:
+    """A crop of a real photo, resized: noise or flat colours would not exercise chroma edges."""
+    rng = np.random.default_rng(seed)
+    photo = Image.open(sorted(PHOTOS.glob("*.jpg"))[seed % 3]).convert("RGB")
+    x, y = int(rng.integers(0, photo.width // 3)), int(rng.integers(0, photo.height // 3))
+    return photo.crop((x, y, photo.width - x // 2, photo.height - y // 2)).resize(
+        (width, height), Image.Resampling.BICUBIC
+    )
+
+
+def encode(image: Image.Image, **options: object) -> bytes:
+    mode = options.pop("mode", None)
+    if mode is not None:
+        image = image.convert(str(mode))
+    out = io.BytesIO()
+    image.save(out, "JPEG", **options)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> dict[str, bytes]:
+    return {
+        name: encode(photo_crop(w, h, seed), **dict(opts)) for seed, (name, (w, h, opts)) in enumerate(KINDS.items())
+    }
+
+
+def pil_decode(data: bytes, scale: int = 1) -> np.ndarray:
+    """PIL's decode at 1/scale: draft() selects libjpeg's DCT scaling, as decode(scale_denom=) does."""
+    image = Image.open(io.BytesIO(data))
+    width, height = image.size
+    if scale > 1:
+        # Floor: draft picks the largest scale whose image is at least this size.
+        image.draft("RGB", (max(1, width // scale), max(1, height // scale)))
+    array = np.asarray(image.convert("RGB"))
+    assert array.shape == (math.ceil(height / scale), math.ceil(width / scale), 3)
+    return array
+
+
+def random_boxes(width: int, height: int, count: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = np.random.default_rng(seed)
+    boxes = [(0, 0, width, height), (width - 1, height - 1, width, height), (0, 0, 1, 1), (width // 2, 0, width, 1)]
+    for _ in range(count):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        boxes.append((x0, y0, int(rng.integers(x0 + 1, width + 1)), int(rng.integers(y0 + 1, height + 1))))
+    return boxes
+
+
+def test_jpeg_info_reads_the_header(jpegs: dict[str, bytes]) -> None:
+    for name, (width, height, options) in KINDS.items():
+        components = 1 if options.get("mode") == "L" else 3
+        assert jpeg_ext.jpeg_info(jpegs[name]) == (width, height, components), name
+    cmyk = encode(photo_crop(40, 30, 0).convert("CMYK"), quality=90)
+    assert jpeg_ext.jpeg_info(cmyk) == (40, 30, 4)
+    for junk in (b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff"):
+        with pytest.raises(ValueError):
+            jpeg_ext.jpeg_info(junk)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_decode_equals_pil_at_every_scale(jpegs: dict[str, bytes], name: str) -> None:
+    for scale in jpeg_ext.SCALE_DENOMS:
+        decoded = jpeg_ext.decode(jpegs[name], scale_denom=scale)
+        assert decoded.dtype == np.uint8 and decoded.flags.c_contiguous and decoded.flags.writeable
+        np.testing.assert_array_equal(decoded, pil_decode(jpegs[name], scale), err_msg=f"{name} 1/{scale}")
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_decode_region_equals_the_full_decode_around_the_box(jpegs: dict[str, bytes], name: str) -> None:
+    """Every returned pixel, inside the box or in the margin, equals the full decode; the box is covered."""
+    data = jpegs[name]
+    width, height, _ = KINDS[name]
+    for scale in jpeg_ext.SCALE_DENOMS:
+        full = pil_decode(data, scale)
+        for box in random_boxes(width, height, 25, seed=scale):
+            x0, y0, x1, y1 = box
+            region, (ox, oy) = jpeg_ext.decode_region(data, box, scale_denom=scale)
+            h, w = region.shape[:2]
+            where = f"{name} 1/{scale} box={box} origin={(ox, oy)} shape={region.shape}"
+            assert region.flags.c_contiguous, where
+            # Whole scaled rows, exactly; columns from an iMCU boundary (at most 2 iMCUs = 32 px early).
+            assert oy == y0 // scale and oy + h == math.ceil(y1 / scale), where
+            assert x0 // scale - 32 < ox <= x0 // scale and ox + w >= math.ceil(x1 / scale), where
+            np.testing.assert_array_equal(region, full[oy : oy + h, ox : ox + w], err_msg=where)
+
+
+def with_luma_sampling(data: bytes, factors: int) -> bytes:
+    """The same JPEG with the luma sampling byte of its SOF patched (PIL writes only 4:4:4/4:2:2/4:2:0).
+
+    With the same blocks per MCU and as many MCUs (dimensions multiples of 32), the entropy data stays
+    valid: the pixels are scrambled, but PIL and we must still decode them identically.
+    """
+    sof = data.index(b"\xff\xc0")
+    return data[: sof + 11] + bytes([factors]) + data[sof + 12 :]
+
+
+@pytest.mark.parametrize(("layout", "subsampling", "factors"), [("4:4:0", 1, 0x12), ("4:1:1", 2, 0x41)])
+def test_other_chroma_layouts(layout: str, subsampling: int, factors: int) -> None:
+    data = with_luma_sampling(encode(photo_crop(320, 224, 4), quality=90, subsampling=subsampling), factors)
+    for scale in jpeg_ext.SCALE_DENOMS:
+        full = pil_decode(data, scale)
+        np.testing.assert_array_equal(jpeg_ext.decode(data, scale_denom=scale), full, err_msg=layout)
+        for box in random_boxes(320, 224, 15, seed=scale):
+            region, (ox, oy) = jpeg_ext.decode_region(data, box, scale_denom=scale)
+            h, w = region.shape[:2]
+            np.testing.assert_array_equal(region, full[oy : oy + h, ox : ox + w], err_msg=f"{layout} {box}")
+
+
+def test_fast_mode_is_close_and_crops_match_its_full_decode(jpegs: dict[str, bytes]) -> None:
+    """fast=True: ifast IDCT + plain upsampling; a few levels off overall, larger only at chroma edges."""
+    for name in ("420", "422_odd", "444_odd", "420_progressive", "gray"):
+        data = jpegs[name]
+        width, height, _ = KINDS[name]
+        for scale in (1, 2):
+            fast = jpeg_ext.decode(data, scale_denom=scale, fast=True)
+            diff = np.abs(fast.astype(np.int16) - pil_decode(data, scale))
+            print(f"fast {name} 1/{scale}: max abs diff {diff.max()}, mean {diff.mean():.3f}")
+            assert diff.mean() < 2.5 and diff.max() <= 64, name
+            for box in random_boxes(width, height, 10, seed=7):
+                region, (ox, oy) = jpeg_ext.decode_region(data, box, scale_denom=scale, fast=True)
+                h, w = region.shape[:2]
+                np.testing.assert_array_equal(region, fast[oy : oy + h, ox : ox + w], err_msg=f"{name} {box}")
+
+
+def test_cmyk_raises_the_fallback_error() -> None:
+    cmyk = encode(photo_crop(64, 48, 1).convert("CMYK"), quality=90)
+    with pytest.raises(jpeg_ext.UnsupportedJPEGError, match="CMYK"):
+        jpeg_ext.decode(cmyk)
+    with pytest.raises(NotImplementedError):
+        jpeg_ext.decode_region(cmyk, (0, 0, 10, 10))
+
+
+def test_bad_arguments_raise_value_error(jpegs: dict[str, bytes]) -> None:
+    data = jpegs["420"]  # 500x375
+    for box in [(0, 0, 0, 10), (10, 0, 5, 10), (-1, 0, 10, 10), (0, 0, 501, 10), (0, 0, 10, 376)]:
+        with pytest.raises(ValueError, match="box"):
+            jpeg_ext.decode_region(data, box)
+    with pytest.raises(ValueError, match="scale_denom"):
+        jpeg_ext.decode(data, scale_denom=3)
+    # Any bytes-like input is accepted.
+    np.testing.assert_array_equal(jpeg_ext.decode(bytearray(data)), jpeg_ext.decode(memoryview(data)))
+
+
+def test_corrupt_inputs_raise_value_error(jpegs: dict[str, bytes]) -> None:
+    data, progressive = jpegs["420"], jpegs["420_progressive"]
+    png = io.BytesIO()
+    photo_crop(32, 32, 0).save(png, "PNG")
+    rng = np.random.default_rng(0)
+    cases = {
+        "zero bytes": b"",
+        "png": png.getvalue(),
+        "random": rng.integers(0, 256, 5000, dtype=np.uint8).tobytes(),
+        "random after SOI": b"\xff\xd8" + bytes(range(256)) * 8,
+        "header only": data[:600],
+        "truncated 60%": data[: len(data) * 6 // 10],
+        "progressive truncated 90%": progressive[: len(progressive) * 9 // 10],
+    }
+    for what, bad in cases.items():
+        with pytest.raises(ValueError) as raised:
+            jpeg_ext.decode(bad)
+        assert str(raised.value), what
+    # Junk after a SOI may hold a marker of a JPEG process libjpeg does not decode (here SOF 0xcb): then
+    # the answer is the fallback error, and PIL, falling back, fails on it too.
+    with pytest.raises((ValueError, NotImplementedError)):
+        jpeg_ext.decode(b"\xff\xd8" + rng.integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    # A truncated file must not yield grey rows, for a region that reaches past the cut too.
+    with pytest.raises(ValueError, match="Premature end"):
+        jpeg_ext.decode_region(data[: len(data) // 2], (100, 200, 300, 375))
+
+
+def test_mutated_jpegs_never_crash(jpegs: dict[str, bytes]) -> None:
+    """Bit flips and cuts anywhere: an array or a ValueError / UnsupportedJPEGError, never a crash."""
+    rng = np.random.default_rng(1)
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(300):
+        source = bytearray(jpegs[list(KINDS)[i % len(KINDS)]])
+        for _ in range(int(rng.integers(1, 6))):
+            source[int(rng.integers(0, len(source)))] = int(rng.integers(0, 256))
+        if i % 3 == 0:
+            source = source[: int(rng.integers(0, len(source)))]
+        try:
+            if i % 2:
+                jpeg_ext.decode(bytes(source), scale_denom=int(rng.choice(jpeg_ext.SCALE_DENOMS)))
+            else:
+                width, height, _ = jpeg_ext.jpeg_info(bytes(source))
+                box = random_boxes(width, height, 1, seed=i)[-1] if width * height else (0, 0, 1, 1)
+                jpeg_ext.decode_region(bytes(source), box, fast=bool(i % 4))
+            outcomes["ok"] += 1
+        except ValueError:  # UnsupportedJPEGError is a NotImplementedError: let it surface if a flip makes one
+            outcomes["error"] += 1
+        except NotImplementedError:
+            outcomes["error"] += 1
+    assert outcomes["ok"] and outcomes["error"], outcomes
+
+
+def with_dimensions(data: bytes, width: int, height: int) -> bytes:
+    """The same JPEG with its SOF header patched to claim another size (a decompression bomb)."""
+    sof = data.index(b"\xff\xc0")
+    return data[: sof + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[sof + 9 :]
+
+
+def test_absurd_dimensions_are_rejected_before_allocating(jpegs: dict[str, bytes]) -> None:
+    bomb = with_dimensions(jpegs["420"], 60000, 60000)
+    assert jpeg_ext.jpeg_info(bomb)[:2] == (60000, 60000)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        jpeg_ext.decode(bomb)
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        jpeg_ext.decode_region(bomb, (0, 0, 10, 10))
+    assert time.perf_counter() - start < 1.0
+
+
+def first_scan(data: bytes) -> bytes:
+    """The first SOS segment and its entropy-coded data (up to the next marker that is not a restart)."""
+    start = data.index(b"\xff\xda")
+    end = start + 2 + int.from_bytes(data[start + 2 : start + 4], "big")
+    while not (data[end] == 0xFF and data[end + 1] != 0 and not 0xD0 <= data[end + 1] <= 0xD7):
+        end += 1
+    return data[start:end]
+
+
+def test_progressive_scan_bombs_are_cut_off() -> None:
+    """Thousands of scans make every pass re-walk the coefficients (a DoS); libjpeg alone accepts them."""
+    data = encode(photo_crop(64, 48, 0), quality=90, progressive=True)
+    # A repeated DC scan is only a warning to libjpeg (PIL decodes it): a few of them still decode.
+    scan, eoi = first_scan(data), data.rindex(b"\xff\xd9")
+    assert jpeg_ext.decode(data[:eoi] + scan * 10 + data[eoi:]).shape == (48, 64, 3)
+    with pytest.raises(ValueError, match="scans"):
+        jpeg_ext.decode(data[:eoi] + scan * 600 + data[eoi:])
+
+
+def test_constants_match_the_extension() -> None:
+    from fastloader import _jpeg  # type: ignore[attr-defined]
+
+    assert jpeg_ext.MAX_PIXELS == _jpeg.MAX_PIXELS
+    assert jpeg_ext.LIBJPEG_TURBO_VERSION == _jpeg.LIBJPEG_TURBO_VERSION >= 1_005_000
+
+
+def test_threads_decode_concurrently_and_correctly(jpegs: dict[str, bytes]) -> None:
+    names = list(KINDS) * 6
+    work = [(jpegs[n], random_boxes(*KINDS[n][:2], 1, seed=i)[-1], (1, 2, 4, 8)[i % 4]) for i, n in enumerate(names)]
+
+    def run(item: tuple[bytes, tuple[int, int, int, int], int]) -> tuple[bytes, tuple[int, int]]:
+        region, origin = jpeg_ext.decode_region(item[0], item[1], scale_denom=item[2])
+        return region.tobytes(), origin
+
+    expected = [run(item) for item in work]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(run, work)) == expected
+
+
+def test_the_gil_is_released_while_decoding() -> None:
+    """Python in another thread keeps running during one long decode (a held GIL would stall it)."""
+    big = encode(photo_crop(3000, 3000, 2), quality=90, progressive=True)
+    start = time.perf_counter()
+    jpeg_ext.decode(big)
+    one_decode = time.perf_counter() - start
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (jpeg_ext.decode(big), done.set()))
+    gaps, last = [], time.perf_counter()
+    worker.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    assert max(gaps) < 0.5 * one_decode, (max(gaps), one_decode)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists() or sys.platform != "linux", reason="RSS via /proc")
+def test_ten_thousand_decodes_do_not_grow_memory(jpegs: dict[str, bytes]) -> None:
+    good, truncated = jpegs["420_optimized_tiny"], jpegs["420"][:3000]
+    cmyk = encode(photo_crop(16, 16, 0).convert("CMYK"), quality=90)
+
+    def round_trip(i: int) -> None:
+        jpeg_ext.decode_region(good, (i % 17, 0, 17, 9), scale_denom=(1, 2)[i % 2])
+        for bad in (truncated, cmyk):
+            try:
+                jpeg_ext.decode(bad)
+            except (ValueError, NotImplementedError):
+                pass
+
+    for i in range(1000):  # warm up allocator pools
+        round_trip(i)
+    before = rss_bytes()
+    for i in range(10_000):
+        round_trip(i)
+    growth = rss_bytes() - before
+    assert growth < 2 * 1024 * 1024, f"RSS grew {growth / 1e6:.1f} MB over 10k decodes"

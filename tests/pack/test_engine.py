@@ -1,0 +1,240 @@
+"""The pack engine (Python API): real image folders, real LMDB files, real reader processes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastloader.datasets.folder import FolderSource
+from fastloader.datasets.lmdb import LMDBSource
+from fastloader.errors import FormatError
+from fastloader.pack.engine import detect_source_kind, pack, report_path
+from fastloader.pack.readers import ReencodeOptions, reencode
+from fastloader.pack.verify import verify
+from tests.images import image_bytes, packed_items, write_image_folder
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> tuple[Path, list[tuple[str, int, bytes]]]:
+    root = tmp_path / "images"
+    return root, write_image_folder(root)
+
+
+def test_pack_keeps_every_image_byte_for_byte_with_its_label(folder, tmp_path: Path) -> None:
+    root, items = folder
+    summary = pack(root, tmp_path / "out.lmdb", workers=2, progress=False)
+    assert (summary.total, summary.packed, summary.packed_now, summary.skipped) == (36, 36, 36, ())
+    assert summary.report_path is None and summary.bytes_in == summary.bytes_out == sum(len(d) for _, _, d in items)
+    assert packed_items(tmp_path / "out.lmdb") == items
+    source = LMDBSource(tmp_path / "out.lmdb")
+    assert source.classes == ["class_0", "class_1", "class_2"]
+    assert source.labels().tolist() == [label for _, label, _ in items]
+    assert verify(tmp_path / "out.lmdb").ok
+
+
+def test_the_output_is_the_same_file_whatever_the_number_of_readers(folder, tmp_path: Path) -> None:
+    root, _ = folder
+    pack(root, tmp_path / "serial.lmdb", workers=0, progress=False, resize_max_side=40)
+    pack(root, tmp_path / "parallel.lmdb", workers=2, progress=False, resize_max_side=40)
+    assert (tmp_path / "serial.lmdb" / "data.mdb").read_bytes() == (
+        tmp_path / "parallel.lmdb" / "data.mdb"
+    ).read_bytes()
+
+
+def test_resize_shrinks_large_images_to_rgb_jpeg_and_keeps_small_ones(folder, tmp_path: Path) -> None:
+    root, items = folder
+    pack(root, tmp_path / "small.lmdb", resize_max_side=40, workers=0, progress=False)
+    packed = packed_items(tmp_path / "small.lmdb")
+    assert [(key, label) for key, label, _ in packed] == [(key, label) for key, label, _ in items]
+    shrunk = 0
+    for (_, _, original), (_, _, data) in zip(items, packed):
+        before, after = Image.open(io.BytesIO(original)), Image.open(io.BytesIO(data))
+        if max(before.size) > 40:
+            shrunk += 1
+            assert max(after.size) == 40 and after.format == "JPEG" and after.mode == "RGB"
+            assert abs(after.size[0] / after.size[1] - before.size[0] / before.size[1]) < 0.1
+        else:
+            assert data == original  # never upscaled, never re-encoded without need
+    assert 0 < shrunk < len(items)
+
+
+def test_quality_reencodes_as_jpeg_unless_it_would_grow(folder, tmp_path: Path) -> None:
+    root, items = folder
+    pack(root, tmp_path / "q.lmdb", quality=50, workers=0, progress=False)
+    changed = 0
+    for (_, _, original), (_, _, data) in zip(items, packed_items(tmp_path / "q.lmdb")):
+        if data != original:
+            changed += 1
+            image = Image.open(io.BytesIO(data))
+            assert image.format == "JPEG" and image.mode == "RGB" and len(data) < len(original)
+            assert image.size == Image.open(io.BytesIO(original)).size
+    assert changed > len(items) // 2
+
+
+def test_reencode_rejects_what_does_not_decode() -> None:
+    jpeg = image_bytes(0)
+    with pytest.raises(OSError):
+        reencode(jpeg[: len(jpeg) // 2], ReencodeOptions())  # truncated: caught even at 1/8 scale
+    assert reencode(jpeg, ReencodeOptions()) is jpeg
+
+
+def test_bad_inputs_are_skipped_and_reported(folder, tmp_path: Path) -> None:
+    root, items = folder
+    truncated = image_bytes(0)
+    bad = {
+        "class_0/bad_empty.jpg": b"",
+        "class_1/bad_truncated.jpg": truncated[: len(truncated) // 2],
+        "class_1/bad_random.jpg": np.random.default_rng(1).bytes(3000),
+        "class_2/bad_text.jpg": b"this is not an image\n",
+    }
+    for key, data in bad.items():
+        (root / key).write_bytes(data)
+    dst = tmp_path / "out.lmdb"
+    summary = pack(root, dst, workers=2, progress=False)
+    assert sorted(s.key for s in summary.skipped) == sorted(bad)
+    reasons = {s.key: s.reason for s in summary.skipped}
+    assert reasons["class_0/bad_empty.jpg"] == "empty: 0 bytes"
+    assert reasons["class_1/bad_truncated.jpg"].startswith("undecodable: OSError")
+    assert reasons["class_2/bad_text.jpg"].startswith("undecodable: UnidentifiedImageError")
+    assert sum(summary.skipped_by_reason().values()) == 4 and "skipped 4" in summary.format_text()
+    assert packed_items(dst) == items
+    report = Path(report_path(dst)).read_text().splitlines()
+    assert report[0] == "position\tkey\treason" and sorted(line.split("\t")[1] for line in report[1:]) == sorted(bad)
+    assert verify(dst).ok
+
+
+def test_map_grows_from_a_tiny_size(folder, tmp_path: Path) -> None:
+    root, items = folder
+    dst = tmp_path / "grown.lmdb"
+    pack(root, dst, workers=0, progress=False, map_size=64 * 1024, commit_every=5)
+    assert packed_items(dst) == items
+    assert os.path.getsize(dst / "data.mdb") > 4 * 64 * 1024  # the data outgrew the first map several times
+
+
+class InterruptOnce:
+    """A folder source whose read of ``position`` raises KeyboardInterrupt the first time only."""
+
+    def __init__(self, root: Path, position: int) -> None:
+        self.inner, self.position, self.fired = FolderSource(root), position, False
+        self.classes = self.inner.classes
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, index: int) -> bytes:
+        if index == self.position and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return self.inner.read(index)
+
+    def label(self, index: int) -> int:
+        return self.inner.label(index)
+
+    def key(self, index: int) -> str:
+        return self.inner.key(index)
+
+
+def test_an_interrupted_pack_resumes_with_every_image_exactly_once(folder, tmp_path: Path) -> None:
+    root, items = folder
+    (root / "class_1" / "bad.jpg").write_bytes(b"")
+    source, dst = InterruptOnce(root, position=23), tmp_path / "out.lmdb"
+    with pytest.raises(KeyboardInterrupt):
+        pack(source, dst, workers=0, progress=False, commit_every=4)
+    with pytest.raises(FormatError, match="incomplete pack: run the same `fastloader pack` command again"):
+        LMDBSource(dst)
+    summary = pack(source, dst, workers=0, progress=False, commit_every=4)
+    assert summary.resumed_from == 23  # what was handed over before the interrupt was kept
+    assert [s.key for s in summary.skipped] == ["class_1/bad.jpg"]
+    finished = (dst / "data.mdb").read_bytes()
+    again = pack(source, dst, workers=0, progress=False, commit_every=4)
+    assert again.resumed_from == again.total and again.packed_now == 0 and "already complete" in again.format_text()
+    assert (dst / "data.mdb").read_bytes() == finished  # a finished pack is never written again
+    assert packed_items(dst) == items
+
+
+class DiesAt(InterruptOnce):
+    """A folder source whose reader process dies outright (as a decoder crash would) at ``position``."""
+
+    def read(self, index: int) -> bytes:
+        if index == self.position:
+            os._exit(3)
+        return self.inner.read(index)
+
+
+def test_a_dead_reader_process_is_an_error_not_a_hang_and_the_pack_resumes(folder, tmp_path: Path) -> None:
+    root, items = folder
+    dst = tmp_path / "out.lmdb"
+    with pytest.raises(RuntimeError, match=r"a reader process died .* positions 0\.\.31; run the same command again"):
+        pack(DiesAt(root, position=20), dst, workers=2, progress=False, commit_every=4)
+    summary = pack(DiesAt(root, position=-1), dst, workers=2, progress=False)
+    assert summary.packed == len(items) and packed_items(dst) == items
+
+
+def test_a_different_pack_into_the_same_destination_is_refused(folder, tmp_path: Path) -> None:
+    root, _ = folder
+    pack(root, tmp_path / "out.lmdb", workers=0, progress=False)
+    with pytest.raises(
+        FormatError, match=r"out\.lmdb: holds a different pack \(not the same quality as this command\)"
+    ):
+        pack(root, tmp_path / "out.lmdb", quality=80, workers=0, progress=False)
+
+
+def test_destinations_that_are_not_packs_are_refused(folder, tmp_path: Path) -> None:
+    root, _ = folder
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FormatError, match="taken: exists, holds no LMDB and is not empty"):
+        pack(root, tmp_path / "taken", workers=0, progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FormatError, match="file: exists and is not a directory"):
+        pack(root, tmp_path / "file", workers=0, progress=False)
+    with lmdb.open(str(tmp_path / "foreign")) as env, env.begin(write=True) as txn:
+        txn.put(b"somebody", b"else's data")
+    with pytest.raises(FormatError, match="foreign: an LMDB not written by `fastloader pack`"):
+        pack(root, tmp_path / "foreign", workers=0, progress=False)
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_an_lmdb_repacks_smaller_and_tar_shards_hold_the_same_images(folder, tmp_path: Path) -> None:
+    from fastloader.datasets.tar import TarShardSource
+
+    root, items = folder
+    pack(root, tmp_path / "full.lmdb", workers=0, progress=False)
+    pack(tmp_path / "full.lmdb", tmp_path / "small.lmdb", resize_max_side=40, workers=2, progress=False)
+    direct = tmp_path / "direct.lmdb"
+    pack(root, direct, resize_max_side=40, workers=0, progress=False)
+    assert [d for _, _, d in packed_items(tmp_path / "small.lmdb")] == [d for _, _, d in packed_items(direct)]
+    assert LMDBSource(tmp_path / "small.lmdb").classes == ["class_0", "class_1", "class_2"]
+    pack(root, tmp_path / "shards", format="tar", shard_size=10, workers=0, progress=False)
+    shards = TarShardSource(tmp_path / "shards")
+    assert [(shards.label(i), hashlib.sha1(shards.read(i)).hexdigest()) for i in range(len(shards))] == [
+        (label, hashlib.sha1(data).hexdigest()) for _, label, data in items
+    ]
+
+
+def test_source_kind_is_guessed_from_the_path(folder, tmp_path: Path) -> None:
+    root, _ = folder
+    pack(root, tmp_path / "out.lmdb", workers=0, progress=False)
+    assert detect_source_kind(str(root)) == "folder"
+    assert detect_source_kind(str(tmp_path / "out.lmdb")) == "lmdb"
+    guesses = {"a.txt": "list", "a.csv": "list", "train.rec": "recordio", "t-{0..3}.tfrecord": "tfrecord"}
+    guesses |= {"shard-{000..009}.tar": "tar", os.path.join("x", "*.tar"): "tar"}
+    assert {name: detect_source_kind(name) for name in guesses} == guesses
+    with pytest.raises(ValueError, match="cannot tell what to read"):
+        detect_source_kind("model.bin")
+
+
+def test_bad_options_are_named(folder, tmp_path: Path) -> None:
+    root, _ = folder
+    for options, name in [({"quality": 0}, "quality"), ({"resize_max_side": 0}, "resize_max_side"),
+                          ({"format": "zip"}, "format"), ({"workers": -1}, "workers")]:  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            pack(root, tmp_path / "x.lmdb", progress=False, **options)
+    assert not (tmp_path / "x.lmdb").exists()

@@ -1,0 +1,70 @@
+"""``fastloader scan``: every image decoded, the bad ones listed by key and reason (real files, real readers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastloader.pack.scan import scan
+from tests.images import image_bytes, write_image_folder
+
+
+@pytest.fixture()
+def folder_with_bad_files(tmp_path: Path) -> Path:
+    root = tmp_path / "images"
+    write_image_folder(root, count=24)
+    truncated = image_bytes(0)
+    (root / "class_0" / "zz_truncated.jpg").write_bytes(truncated[: len(truncated) // 2])
+    (root / "class_1" / "zz_empty.jpg").write_bytes(b"")
+    (root / "class_2" / "zz_text.jpg").write_text("not an image at all")
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_scan_lists_exactly_the_bad_files(folder_with_bad_files: Path, tmp_path: Path, workers: int) -> None:
+    report = scan(folder_with_bad_files, report=tmp_path / "bad.tsv", workers=workers, progress=False)
+    assert report.total == 27
+    assert sorted(item.key for item in report.bad) == [
+        "class_0/zz_truncated.jpg",
+        "class_1/zz_empty.jpg",
+        "class_2/zz_text.jpg",
+    ]
+    assert report.by_reason() == {"undecodable": 2, "empty": 1}
+    lines = (tmp_path / "bad.tsv").read_text().splitlines()
+    assert lines[0] == "position\tkey\treason" and len(lines) == 4
+    assert "bad: 3, listed in" in report.format_text() and "undecodable" in report.format_text()
+
+
+def test_a_clean_dataset_scans_clean(tmp_path: Path) -> None:
+    root = tmp_path / "clean"
+    write_image_folder(root, count=12)
+    report = scan(root, workers=0, progress=False)
+    assert report.total == 12 and report.bad == []
+    assert Path(str(root) + ".bad.tsv").read_text().splitlines() == ["position\tkey\treason"]
+
+
+def test_cli_prints_json(folder_with_bad_files: Path, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastloader.cli",
+            "scan",
+            str(folder_with_bad_files),
+            "--json",
+            "--no-progress",
+            "--workers",
+            "0",
+            "--report",
+            str(tmp_path / "r.tsv"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    data = json.loads(out)
+    assert data["total"] == 27 and len(data["bad"]) == 3 and data["by_reason"]["undecodable"] == 2

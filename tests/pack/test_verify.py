@@ -1,0 +1,100 @@
+"""``verify``: corrupted bytes, labels, keys and structure in real LMDB files are found and named."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from fastloader.errors import FormatError
+from fastloader.formats import lmdb_records as records
+from fastloader.pack import pack
+from fastloader.pack.verify import verify
+from tests.images import write_image_folder
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int, bytes]]]:
+    root = tmp_path_factory.mktemp("verify")
+    items = write_image_folder(root / "images", count=30)
+    pack(root / "images", root / "clean.lmdb", workers=0, progress=False)
+    return root / "clean.lmdb", items
+
+
+def corrupted_copy(clean: Path, tmp_path: Path, needle: bytes, offset: int) -> Path:
+    """A copy of the pack with one byte flipped, ``offset`` bytes into the only occurrence of ``needle``."""
+    copy = tmp_path / "copy.lmdb"
+    shutil.copytree(clean, copy)
+    blob = bytearray((copy / "data.mdb").read_bytes())
+    at = blob.find(needle)
+    assert at >= 0 and blob.find(needle, at + 1) == -1, "the needle must identify one place in the file"
+    blob[at + offset] ^= 0xFF
+    (copy / "data.mdb").write_bytes(blob)
+    return copy
+
+
+def test_a_clean_pack_verifies(clean) -> None:
+    path, items = clean
+    report = verify(path)
+    assert report.ok and (report.format, report.expected, report.checked) == ("lmdb", 30, 30)
+    assert report.format_text() == f"OK: 30 records verified in {path} (lmdb)"
+
+
+def test_a_flipped_image_byte_is_found_and_named(clean, tmp_path: Path) -> None:
+    path, items = clean
+    copy = corrupted_copy(path, tmp_path, items[11][2][-80:], 40)
+    report = verify(copy)
+    assert not report.ok and report.bad_records == (11,) and report.checked == 30
+    assert report.problems == (f"{copy}[11] ({items[11][0]}): checksum mismatch: the record is corrupted",)
+    assert "FAILED: 1 problems" in report.format_text()
+
+
+def test_a_flipped_label_byte_is_found(clean, tmp_path: Path) -> None:
+    path, items = clean
+    header = records.encode_record(items[20][1], items[20][2])[: records.HEADER.size] + items[20][2][:16]
+    report = verify(corrupted_copy(path, tmp_path, header, 8))  # byte 8: the label's low byte
+    assert report.bad_records == (20,) and "checksum mismatch" in report.problems[0]
+
+
+def test_a_damaged_key_is_found_without_crashing(clean, tmp_path: Path) -> None:
+    path, _ = clean
+    node_key = b"\x08\x00" + records.record_key(7)  # a leaf node's key size (8), then the key
+    report = verify(corrupted_copy(path, tmp_path, node_key, 9))  # key 7 becomes key 248
+    assert len(report.problems) == 1 and "LMDB structure: main DB: leaf keys out of order" in report.problems[0]
+
+
+def test_a_missing_record_and_a_foreign_key_are_found(clean, tmp_path: Path) -> None:
+    path, _ = clean
+    copy = tmp_path / "holes.lmdb"
+    shutil.copytree(path, copy)
+    with lmdb.open(str(copy)) as env, env.begin(write=True) as txn:
+        txn.delete(records.record_key(5))
+        txn.put(b"stray", b"value")
+    report = verify(copy)
+    assert f"{copy}: records 5..5 are missing" in report.problems
+    assert f"{copy}: unexpected key b'stray' (not a record, not reserved)" in report.problems
+
+
+def test_an_incomplete_or_missing_pack_is_an_error(tmp_path: Path) -> None:
+    with lmdb.open(str(tmp_path / "half.lmdb")) as env, env.begin(write=True) as txn:
+        txn.put(records.PROGRESS_KEY, records.PackProgress({}, 4, 4).to_json())
+    with pytest.raises(FormatError, match="incomplete pack"):
+        verify(tmp_path / "half.lmdb")
+    with pytest.raises(FileNotFoundError, match="nothing.lmdb"):
+        verify(tmp_path / "nothing.lmdb")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(FormatError, match="neither a fastloader LMDB"):
+        verify(tmp_path / "folder")
+
+
+def test_tar_shards_verify_and_a_truncated_shard_is_found(tmp_path: Path) -> None:
+    write_image_folder(tmp_path / "images", count=12)
+    pack(tmp_path / "images", tmp_path / "shards", format="tar", shard_size=5, workers=0, progress=False)
+    report = verify(tmp_path / "shards")
+    assert report.ok and (report.format, report.checked) == ("tar", 12)
+    shard = tmp_path / "shards" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:1500])
+    damaged = verify(tmp_path / "shards")
+    assert not damaged.ok and "shard-000001.tar" in damaged.problems[0] and "truncated" in damaged.problems[0]
