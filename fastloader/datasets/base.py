@@ -91,10 +91,13 @@ def decode_pil(data: bytes, key: str = "<bytes>") -> Any:
 class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     """A map-style dataset over a :class:`Source`: item i is ``(transform(image), target_transform(label))``.
 
-    ``loader`` turns encoded bytes into an image (default: RGB ``PIL.Image``, as torchvision's
-    ``ImageFolder``), so torchvision transforms work unchanged. A fastloader transform instead
-    gets the encoded bytes and decodes them itself (see the module docstring); ``cache``, a path,
-    is :meth:`set_cache`.
+    ``decode(bytes, key)`` turns encoded bytes into an image (default: RGB ``PIL.Image``, as
+    torchvision's ``ImageFolder``), so torchvision transforms work unchanged. A fastloader transform
+    instead gets the encoded bytes and decodes them itself (see the module docstring); ``cache``, a
+    path, is :meth:`set_cache`.
+
+    One seam: ``ds[i]``, the batched path and the error policy all get an item through ``_item``, whose
+    image comes from :meth:`_image` (the one override point: ImageFolder's ``loader(path)`` is one).
     """
 
     def __init__(
@@ -102,7 +105,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         source: Source,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
-        loader: Callable[[bytes, str], Any] = decode_pil,
+        decode: Callable[[bytes, str], Any] = decode_pil,
         *,
         cache: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -111,7 +114,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self.source = source
         self.transform = transform
         self.target_transform = target_transform
-        self.loader = loader
+        self.decode = decode
         # A source may offer a richer ``target(i)`` than the int ``label(i)`` (RecordIO multi-label).
         self._target: Callable[[int], Any] = getattr(source, "target", source.label)
         self._decode_device = "cpu"
@@ -135,7 +138,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         fused = self._fused()
         if fused is not None:
             return self._fused_image(fused, index), self._label(index)
-        image = self.loader(self.source.read(index), self.source.key(index))
+        image = self._image(index)
         label = self._target(index)
         if self.transform is not None:
             image = self.transform(image)
@@ -201,6 +204,11 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return {"on_error": "raise", "bad_samples": 0, "by_reason": {}, "excluded": 0, "quarantine": None}
         return self._errors.stats()
 
+    @property
+    def decode_device(self) -> str:
+        """Where images are decoded: ``"cpu"``, or ``"cuda"`` (items are then encoded images)."""
+        return self._decode_device
+
     def set_decode_device(self, device: str) -> None:
         """Decode on ``"cpu"`` (default) or leave it to the GPU (``"cuda"``): items are then
         ``(EncodedImage(bytes, crop plan, key), label)`` for ``fastloader.image.gpu_decode``."""
@@ -212,7 +220,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             if fused is None or fused.tail:
                 raise ValueError(
                     f"device={device!r} needs a transform made only of fastloader.transforms (which plan the"
-                    f" crop that the GPU applies), with the default loader; got transform={self.transform!r}"
+                    f" crop that the GPU applies), with the default decode; got transform={self.transform!r}"
                 )
             if self._cache is not None:
                 raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
@@ -226,7 +234,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return
         fused = self._fused()
         if fused is None:
-            raise ValueError(f"cache needs a fastloader transform with the default loader; got {self.transform!r}")
+            raise ValueError(f"cache needs a fastloader transform with the default decode; got {self.transform!r}")
         if fused.is_random:
             raise ValueError(
                 f"cache needs a fixed transform, but {fused.describe()} draws random crops or flips:"
@@ -241,10 +249,19 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self._cache = DecodedCache.open(path, meta)
         self._cached_transform = fused
 
+    def _image(self, index: int) -> Any:
+        """The image of item ``index`` for a transform that does not decode by itself."""
+        return self.decode(self.source.read(index), self.source.key(index))
+
+    def _decodes_bytes(self) -> bool:
+        """True when images come from the source's bytes through the default decode: a fastloader
+        transform may then decode them itself (and a subclass with its own ``_image`` says False)."""
+        return self.decode is decode_pil
+
     def _fused(self) -> FusedTransform | None:
-        """The transform, when it decodes encoded bytes itself (a fastloader transform, default loader)."""
+        """The transform, when it decodes encoded bytes itself (a fastloader transform, default decode)."""
         transform = self.transform
-        if isinstance(transform, FusedTransform) and transform.steps and self.loader is decode_pil:
+        if isinstance(transform, FusedTransform) and transform.steps and self._decodes_bytes():
             return transform
         return None
 

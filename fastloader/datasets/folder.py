@@ -31,7 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index
 from fastloader.datasets.folder_index import (
     FOLDER_KIND,
     FORMAT_VERSION,
@@ -219,17 +219,6 @@ class SampleView(Sequence[tuple[str, int]]):
         return f"SampleView({len(self)} samples under {self._root!r})"
 
 
-def _load(dataset: ImageFolder | FileListDataset, index: int) -> tuple[Any, Any]:
-    """Item ``index`` through a user's ``loader(path)`` (torchvision's contract), then the transforms."""
-    path, target = dataset.samples[index]
-    image = dataset.loader(path)
-    if dataset.transform is not None:
-        image = dataset.transform(image)
-    if dataset.target_transform is not None:
-        return image, dataset.target_transform(target)
-    return image, target
-
-
 def _describe(dataset: ImageFolder | FileListDataset, where: str) -> str:
     return f"Dataset {type(dataset).__name__}\n    Number of datapoints: {len(dataset)}\n    {where}"
 
@@ -266,8 +255,7 @@ class ImageFolder(ImageDataset[Any]):
         )
         super().__init__(source, transform, target_transform)
         self.root = os.path.expanduser(root) if isinstance(root, str) else root
-        self._loads_paths = loader is not None
-        self.loader: Callable[..., Any] = loader if loader is not None else decode_pil
+        self.loader = loader  # torchvision's contract: loader(path) -> image; None: decode the file's bytes
         self.extensions = IMG_EXTENSIONS if is_valid_file is None else None
         self.classes = source.classes
         self.class_to_idx = source.class_to_idx
@@ -286,8 +274,11 @@ class ImageFolder(ImageDataset[Any]):
     def targets(self) -> np.ndarray:
         return self.source.labels()
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        return _load(self, index) if self._loads_paths else super().__getitem__(index)
+    def _image(self, index: int) -> Any:
+        return self.loader(self.samples[index][0]) if self.loader is not None else super()._image(index)
+
+    def _decodes_bytes(self) -> bool:
+        return self.loader is None and super()._decodes_bytes()
 
     def __repr__(self) -> str:
         return _describe(self, f"Root location: {self.root}")
@@ -316,8 +307,7 @@ class FileListDataset(ImageDataset[Any]):
         source = FileListSource(list_path, root, classes=classes, index_path=index_path, rebuild=rebuild)
         super().__init__(source, transform, target_transform)
         self.root = source.root
-        self._loads_paths = loader is not None
-        self.loader: Callable[..., Any] = loader if loader is not None else decode_pil
+        self.loader = loader  # called as loader(path); None: decode the file's bytes
         self.classes = source.classes
         self.class_to_idx = source.class_to_idx
 
@@ -329,8 +319,11 @@ class FileListDataset(ImageDataset[Any]):
     def targets(self) -> np.ndarray:
         return self.source.labels()
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        return _load(self, index) if self._loads_paths else super().__getitem__(index)
+    def _image(self, index: int) -> Any:
+        return self.loader(self.samples[index][0]) if self.loader is not None else super()._image(index)
+
+    def _decodes_bytes(self) -> bool:
+        return self.loader is None and super()._decodes_bytes()
 
     def __repr__(self) -> str:
         return _describe(self, f"File list: {self.source.list_path}")

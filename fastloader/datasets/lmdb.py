@@ -221,12 +221,12 @@ class LMDBDataset(ImageDataset[Any]):
         path: str | os.PathLike[str],
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
-        loader: Callable[[bytes, str], Any] = decode_pil,
+        decode: Callable[[bytes, str], Any] = decode_pil,
         *,
         verify_checksums: bool = False,
     ) -> None:
         source = LMDBSource(path, verify_checksums=verify_checksums)
-        super().__init__(source, transform, target_transform, loader)
+        super().__init__(source, transform, target_transform, decode)
         self.path = source.path
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

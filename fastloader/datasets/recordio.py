@@ -239,7 +239,7 @@ class RecordIODataset(ImageDataset[Any]):
     """``(transform(image), target_transform(label))`` for each record of an MXNet ``.rec`` file.
 
     ``label`` is an int, or a float32 array for a multi-label record (see
-    :meth:`RecordIOSource.target`). ``loader`` turns encoded bytes into an image (default: RGB
+    :meth:`RecordIOSource.target`). ``decode`` turns encoded bytes into an image (default: RGB
     ``PIL.Image``), so torchvision transforms work unchanged.
     """
 
@@ -250,6 +250,6 @@ class RecordIODataset(ImageDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         *,
-        loader: Callable[[bytes, str], Any] = decode_pil,
+        decode: Callable[[bytes, str], Any] = decode_pil,
     ) -> None:
-        super().__init__(RecordIOSource(rec_path, idx_path), transform, target_transform, loader)
+        super().__init__(RecordIOSource(rec_path, idx_path), transform, target_transform, decode)

@@ -275,12 +275,12 @@ class TarShardDataset(ImageDataset[Any]):
         pattern: str | os.PathLike[str] | list[str],
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
-        loader: Callable[[bytes, str], Any] = decode_pil,
+        decode: Callable[[bytes, str], Any] = decode_pil,
         *,
         image_exts: Sequence[str] | None = None,
         index_paths: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
-        super().__init__(source, transform, target_transform, loader)
+        super().__init__(source, transform, target_transform, decode)
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

@@ -149,7 +149,7 @@ class TFRecordDataset(ImageDataset[Any]):
     """``(transform(image), target_transform(label))`` for each Example in TFRecord shards.
 
     Keyword arguments ``image_key``, ``label_key`` and ``index_paths`` are those of
-    :class:`TFRecordSource`; ``loader`` turns encoded bytes into an image (default: RGB
+    :class:`TFRecordSource`; ``decode`` turns encoded bytes into an image (default: RGB
     ``PIL.Image``), so torchvision transforms work unchanged.
     """
 
@@ -162,7 +162,7 @@ class TFRecordDataset(ImageDataset[Any]):
         image_key: str = "image/encoded",
         label_key: str = "image/class/label",
         index_paths: Sequence[str | os.PathLike[str]] | None = None,
-        loader: Callable[[bytes, str], Any] = decode_pil,
+        decode: Callable[[bytes, str], Any] = decode_pil,
     ) -> None:
         source = TFRecordSource(pattern, image_key=image_key, label_key=label_key, index_paths=index_paths)
-        super().__init__(source, transform, target_transform, loader)
+        super().__init__(source, transform, target_transform, decode)

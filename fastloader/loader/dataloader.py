@@ -9,6 +9,7 @@ Data flow of one epoch::
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import os
@@ -114,6 +115,7 @@ class DataLoaderX(DataLoader[T_co]):
         )
         normalize_spec = NormalizeSpec.create(normalize, normalize_dtype, channels_last, random_flip)
         target = resolve_device(local_rank, device)
+        dataset, gpu_decode = _dataset_for_decode(dataset, decode_on, target)
         if isinstance(collate_fn, NormalizingCollate):
             collate_fn = collate_fn.inner  # a loader rebuilt from our attributes (Lightning): no double normalization
         if collate_fn is None and (batch_size is not None or batch_sampler is not None):
@@ -166,7 +168,7 @@ class DataLoaderX(DataLoader[T_co]):
         self._pending: Progress | None = None  # a loaded state, for the next iter()
         self._progress: Progress | None = None  # the current iteration
         self._normalize_spec = normalize_spec
-        self._gpu_decode = _setup_decode(dataset, decode_on, self.device)
+        self._gpu_decode = gpu_decode
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
@@ -412,22 +414,28 @@ def _advise_workers(num_workers: int) -> None:
         )
 
 
-def _setup_decode(dataset: Any, decode_on: str, device: torch.device) -> bool:
-    """Switch ``dataset`` to sending encoded images for GPU decode; True when that is on."""
-    if decode_on == "cpu":
-        return False
-    if device.type != "cuda":
+def _dataset_for_decode(dataset: Any, decode_on: str, device: torch.device) -> tuple[Any, bool]:
+    """The dataset this loader reads, and whether batches are decoded on the GPU.
+
+    GPU decode needs the dataset to send encoded images: a per-loader choice, so the loader works on
+    its own shallow copy (sharing the source, index and error policy) and leaves the user's dataset
+    as it found it: another loader over it may still decode on the CPU."""
+    gpu = decode_on == "cuda"
+    if gpu and device.type != "cuda":
         warnings.warn(
             f"decode_on='cuda' but batches go to {device}: decoding on the CPU instead", RuntimeWarning, stacklevel=3
         )
-        return False
-    set_decode_device = getattr(dataset, "set_decode_device", None)
-    if not callable(set_decode_device):
+        gpu = False
+    wanted = "cuda" if gpu else "cpu"
+    if getattr(dataset, "decode_device", "cpu") == wanted:
+        return dataset, gpu
+    if not callable(getattr(dataset, "set_decode_device", None)):
         raise ValueError(
             f"decode_on='cuda' needs a fastloader dataset with a fastloader transform, got {type(dataset).__name__}"
         )
-    set_decode_device("cuda")
-    return True
+    own = copy.copy(dataset)
+    own.set_decode_device(wanted)
+    return own, gpu
 
 
 def _shutdown_workers(source: Iterator[Any]) -> None:

@@ -19,12 +19,6 @@ from fastloader.errors import FormatError
 from fastloader.formats.index_file import read_index
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lock files (and any index that cannot sit beside its data) go to a per-test cache."""
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 def make_tree(root: Path, layout: dict[str, int]) -> Path:
     """``root/<class>/<n>.jpg`` files (empty: the index never opens them), with aged directories."""
     for name, count in layout.items():

@@ -50,7 +50,7 @@ def test_dataset_yields_rgb_images_labels_and_classes(packed) -> None:
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")
 def test_four_workers_three_epochs_read_every_record_once_per_epoch(packed) -> None:
     path, items = packed
-    dataset = LMDBDataset(path, loader=digest)
+    dataset = LMDBDataset(path, decode=digest)
     assert dataset[0][0] == hashlib.sha1(items[0][2]).hexdigest()  # opened here before workers fork
     expected = Counter((hashlib.sha1(data).hexdigest(), label) for _, label, data in items)
     loader = DataLoader(dataset, batch_size=5, shuffle=True, num_workers=4, collate_fn=list)

@@ -25,11 +25,6 @@ from fastloader.pack.tar_sink import TarShardSink
 KINDS = [("JPEG", "RGB", "jpg"), ("PNG", "RGB", "png"), ("JPEG", "L", "jpg"), ("JPEG", "CMYK", "jpeg")]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 def encode(fmt: str, mode: str, value: int) -> bytes:
     """A 32 px image whose top-left pixel holds ``value`` in its red (or gray) channel."""
     pixels = np.full((32, 32, 3), (value, 40, 80), dtype=np.uint8)

@@ -19,11 +19,6 @@ from fastloader.formats.tar_shards import build_shard_index, load_shard_index, s
 LONG_KEY = "deep/" + "d" * 120 + "/" + "k" * 110  # needs a GNU long name or a pax path
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 def encode(fmt: str = "JPEG", mode: str = "RGB", seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 255, (32, 32, 4), dtype=np.uint8)
     image = Image.fromarray(pixels[:, :, :3]).convert(mode)

@@ -22,11 +22,6 @@ from tests.transforms import KINDS, encode, photo
 KIND_NAMES = sorted(KINDS)
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 photos of every kind (PNG, CMYK, gray, ... all named .jpg), 3 classes, varied sizes."""

@@ -21,11 +21,6 @@ from tests.transforms import KINDS, encode, photo
 EVAL = T.Compose([T.Resize(40), T.CenterCrop(32)])
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cache") / "images"

@@ -330,3 +330,22 @@ def test_torchs_iterator_state_is_readable_on_ours() -> None:
     assert len(iterator._workers) == 2 and iterator._num_workers == 2  # as torch's own tests read them
     with pytest.raises(AttributeError):
         _ = iterator.no_such_attribute
+
+
+def test_gpu_decode_is_per_loader_and_leaves_the_users_dataset_alone(tmp_path: Any) -> None:
+    """decode_on="cuda" needs encoded items from the dataset: the loader switches its own copy."""
+    from fastloader import transforms as T
+    from fastloader.datasets import ImageFolder
+    from fastloader.image.batching import EncodedImage
+    from fastloader.loader.dataloader import _dataset_for_decode
+    from fastloader.sample import make_sample_folder
+
+    make_sample_folder(tmp_path / "sample", 8, num_classes=2)
+    dataset = ImageFolder(tmp_path / "sample", transform=T.Compose([T.Resize(64), T.CenterCrop(48)]))
+    own, gpu = _dataset_for_decode(dataset, "cuda", torch.device("cuda"))  # what a CUDA loader does
+    assert gpu and own is not dataset and own.decode_device == "cuda" and dataset.decode_device == "cpu"
+    assert isinstance(own[0][0], EncodedImage) and own.source is dataset.source
+    pixels = next(iter(DataLoaderX(dataset, batch_size=4)))[0]  # a second loader, on the CPU, same dataset
+    assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, 48, 48)
+    same, gpu = _dataset_for_decode(dataset, "cpu", torch.device("cuda"))
+    assert same is dataset and not gpu

@@ -26,11 +26,6 @@ FINGERPRINT = {"source": "/data/train", "options": {"quality": 90, "sizes": (1, 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTLOADER_CACHE", str(tmp_path / "cache"))
-
-
 def encode(fmt: str, mode: str = "RGB", seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 255, (32, 32, 3), dtype=np.uint8)
     out = io.BytesIO()
