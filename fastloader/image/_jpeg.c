@@ -173,8 +173,14 @@ static void close_job(Job *job) {
     job->created = 0;
 }
 
+/* Corrupt data gets its own exception (a ValueError), so that callers fall back to PIL for bad data
+   only, never for a ValueError that a bug (a bad argument) raises. */
+static PyObject *CorruptJPEG = NULL;
+
 static PyObject *raise_job_error(Job *job) {
-    PyObject *type = job->err.kind == FAIL_UNSUPPORTED ? PyExc_NotImplementedError : PyExc_ValueError;
+    PyObject *type = job->err.kind == FAIL_UNSUPPORTED ? PyExc_NotImplementedError
+                     : job->err.kind == FAIL_CORRUPT   ? CorruptJPEG
+                                                       : PyExc_ValueError;
     PyErr_SetString(type, job->err.message);
     return NULL;
 }
@@ -462,6 +468,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    CorruptJPEG = PyErr_NewException("fastloader.image._jpeg.CorruptJPEG", PyExc_ValueError, NULL);
+    if (CorruptJPEG == NULL || PyModule_AddObjectRef(m, "CorruptJPEG", CorruptJPEG) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0) {

@@ -67,9 +67,6 @@ INTERPOLATIONS = frozenset(_FILTERS)
 # |difference| from torchvision is <= 0.6 levels (worst image 1.5) against <= 1.1 (worst 3.6) when
 # scaling right down to the output resolution, for 3-8% less speed-up.
 _DCT_ROOM = 1.5
-# What jpeg_ext raises for data it leaves to PIL (UnsupportedJPEGError: CMYK, 12-bit...) or finds
-# corrupt (ValueError): PIL then decodes it, or names what is wrong with it.
-_EXT_FALLBACK = (NotImplementedError, ValueError)
 
 
 @functools.cache
@@ -113,7 +110,7 @@ def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
         try:
             width, height, _ = ext.jpeg_info(data)
             size = int(width), int(height)
-        except _EXT_FALLBACK:
+        except ext.FALLBACK_ERRORS:  # data the extension leaves to PIL (CMYK, 12-bit...) or finds corrupt
             pass  # PIL reads it, or names what is wrong with it
     if size is None:
         with _decode_errors(key):
@@ -144,7 +141,7 @@ def decode_plan(
         try:
             _decode_with_ext(ext, data, plan, out, fast)
             return out
-        except _EXT_FALLBACK:
+        except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
             pass
     with _decode_errors(key):
         _decode_with_pil(data, plan, out, key)

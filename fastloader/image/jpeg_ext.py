@@ -52,6 +52,14 @@ class UnsupportedJPEGError(NotImplementedError):
     """A valid JPEG that this decoder does not handle (CMYK, YCCK, 12-bit, ...): decode it with PIL."""
 
 
+class CorruptJPEGError(ValueError):
+    """libjpeg-turbo found the data corrupt (truncated, bad markers): PIL decodes it or names the fault."""
+
+
+# What callers may leave to PIL: the data, never a bug in this path.
+FALLBACK_ERRORS = (UnsupportedJPEGError, CorruptJPEGError)
+
+
 def _module() -> Any:
     if _ext is None:
         raise RuntimeError("fastloader.image._jpeg is not built (no libjpeg-turbo headers at install); check AVAILABLE")
@@ -60,20 +68,26 @@ def _module() -> Any:
 
 def jpeg_info(data: bytes) -> tuple[int, int, int]:
     """(width, height, n_components) from the JPEG header only; ValueError if it is not a readable JPEG."""
+    module = _module()
     try:
-        width, height, components = _module().info(data)
+        width, height, components = module.info(data)
     except NotImplementedError as error:
         raise UnsupportedJPEGError(str(error)) from None
+    except module.CorruptJPEG as error:
+        raise CorruptJPEGError(str(error)) from None
     return int(width), int(height), int(components)
 
 
 def _run(data: bytes, box: tuple[int, int, int, int] | None, scale_denom: int, fast: bool, rgbx: bool = False) -> Any:
     if scale_denom not in SCALE_DENOMS:
         raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
+    module = _module()
     try:
-        return _module().decode(data, box, scale_denom, bool(fast), bool(rgbx))
+        return module.decode(data, box, scale_denom, bool(fast), bool(rgbx))
     except NotImplementedError as error:
         raise UnsupportedJPEGError(str(error)) from None
+    except module.CorruptJPEG as error:
+        raise CorruptJPEGError(str(error)) from None
 
 
 def _array(buffer: bytearray, offset: int, height: int, width: int, channels: int = 3) -> np.ndarray:

@@ -91,7 +91,11 @@ def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append((box, scale_denom))
         return ext.decode_region(data, box, scale_denom, fast, rgbx)
 
-    monkeypatch.setattr(decode, "_jpeg_ext", lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy))
+    monkeypatch.setattr(
+        decode,
+        "_jpeg_ext",
+        lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy, FALLBACK_ERRORS=ext.FALLBACK_ERRORS),
+    )
     data = photo_bytes("jpeg", 1024, 768, seed=7)
     decode.decode_plan(data, CropPlan((100, 50, 900, 700), (64, 64), False))  # 650 / 64 >= 1.5 * 4
     decode.decode_plan(data, CropPlan((100, 50, 300, 250), (128, 128), False))
@@ -140,7 +144,34 @@ def test_a_region_that_misses_the_box_is_an_error(monkeypatch: pytest.MonkeyPatc
     ) -> object:
         return np.zeros((4, 4, 4 if rgbx else 3), dtype=np.uint8), (box[0] // scale_denom, box[1] // scale_denom)
 
-    fake = types.SimpleNamespace(jpeg_info=lambda data: (200, 150, 3), decode_region=short)
+    from fastloader.image.jpeg_ext import FALLBACK_ERRORS
+
+    fake = types.SimpleNamespace(
+        jpeg_info=lambda data: (200, 150, 3), decode_region=short, FALLBACK_ERRORS=FALLBACK_ERRORS
+    )
     monkeypatch.setattr(decode, "_jpeg_ext", lambda: fake)
     with pytest.raises(RuntimeError, match="does not cover"):
         decode.decode_plan(photo_bytes("jpeg", 200, 150), CropPlan((0, 0, 100, 100), (32, 32), False))
+
+
+def test_only_the_datas_fault_falls_back_to_pil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ValueError from a bug in the fast path is raised, not hidden behind a slower PIL decode."""
+    from fastloader.image import decode as decode_module
+    from fastloader.image import jpeg_ext
+
+    if not jpeg_ext.AVAILABLE:
+        pytest.skip("the JPEG extension is not built")
+    data = photo_bytes("jpeg", 64, 48)
+    plan = CropPlan((0, 0, 64, 48), (24, 32), flip=False)
+    truncated = data[:200]
+    with pytest.raises(jpeg_ext.CorruptJPEGError):
+        jpeg_ext.decode_region(truncated, (0, 0, 64, 48))
+    with pytest.raises(DecodeError, match="broken.jpg"):  # corrupt data: PIL names what is wrong
+        decode_module.decode_plan(truncated, plan, "broken.jpg")
+
+    def buggy(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug in the fast path")
+
+    monkeypatch.setattr(decode_module, "_decode_with_ext", buggy)
+    with pytest.raises(ValueError, match="a bug in the fast path"):
+        decode_module.decode_plan(data, plan, "good.jpg")

@@ -267,7 +267,7 @@ def test_progressive_scan_bombs_are_cut_off() -> None:
 
 
 def test_constants_match_the_extension() -> None:
-    from fastloader import _jpeg  # type: ignore[attr-defined]
+    from fastloader.image import _jpeg  # type: ignore[attr-defined]
 
     assert jpeg_ext.MAX_PIXELS == _jpeg.MAX_PIXELS
     assert jpeg_ext.LIBJPEG_TURBO_VERSION == _jpeg.LIBJPEG_TURBO_VERSION >= 1_005_000
