@@ -40,17 +40,17 @@ def libjpeg_version() -> str:
 
 
 def cpu_report() -> dict[str, str]:
-    from fastloader import cpus
+    from fastloader import world
 
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     report = {"cpu count": str(os.cpu_count())}
     if affinity is not None:
         report["cpu affinity"] = f"{len(affinity)} cores {_ranges(affinity)}"
-    quota = cpus.cgroup_cpu_quota()
+    quota = world.cgroup_cpu_quota()
     if quota is not None:
         report["cgroup cpu quota"] = f"{quota:g} cores"
-    report["local ranks"] = str(cpus.local_world_size())
-    report["workers per rank"] = f"{cpus.suggested_num_workers()} suggested (usable cores / local ranks)"
+    report["local ranks"] = str(world.local_world_size())
+    report["workers per rank"] = f"{world.suggested_num_workers()} suggested (usable cores / local ranks)"
     return report
 
 

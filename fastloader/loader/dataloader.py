@@ -401,14 +401,14 @@ def _warn_past_length(source: Iterator[Any], reported: int, delivered: int) -> N
 def _advise_workers(num_workers: int) -> None:
     """Warn when the workers exceed this rank's share of the cores: torch's own check counts the
     affinity mask only, not a container's cgroup quota nor the other ranks of the machine."""
-    from fastloader import cpus
+    from fastloader import world
 
-    share, ranks = cpus.cores_per_rank(), cpus.local_world_size()
-    if num_workers > share and (ranks > 1 or cpus.usable_cpus() < len(os.sched_getaffinity(0))):
+    share, ranks = world.cores_per_rank(), world.local_world_size()
+    if num_workers > share and (ranks > 1 or world.usable_cpus() < len(os.sched_getaffinity(0))):
         warnings.warn(
-            f"num_workers={num_workers} but this rank's share is {share} cores ({cpus.usable_cpus()} usable"
+            f"num_workers={num_workers} but this rank's share is {share} cores ({world.usable_cpus()} usable"
             f" cores / {ranks} local ranks): more workers than cores thrash; suggested"
-            f" num_workers={cpus.suggested_num_workers()} (fastloader.cpus.suggested_num_workers())",
+            f" num_workers={world.suggested_num_workers()} (fastloader.world.suggested_num_workers())",
             RuntimeWarning,
             stacklevel=3,
         )

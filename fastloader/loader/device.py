@@ -17,7 +17,6 @@ No CUDA call is ever made in a worker process: all of this runs in the main proc
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +29,9 @@ DeviceLike = torch.device | str | int
 
 
 def _env_local_rank() -> int | None:
-    value = os.environ.get("LOCAL_RANK")
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable LOCAL_RANK={value!r} is not an integer") from None
+    from fastloader.world import env_int
+
+    return env_int("LOCAL_RANK", None)
 
 
 def resolve_device(local_rank: int | None, device: DeviceLike | None) -> torch.device:

@@ -48,6 +48,7 @@ from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
 from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
 from fastloader.pack.sink import Sink
+from fastloader.world import usable_cpus
 
 OUTPUT_FORMATS = ("lmdb", "tar")
 _KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
@@ -296,7 +297,7 @@ def pack(
     else:
         src_name = os.fspath(src)
         source, kind = open_source(src_name, src_format, root=root)
-    workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
     fingerprint = _fingerprint(source, kind, format, options, shard_size)
     started = time.monotonic()
     with reader_pool(source, options, workers) as pool:

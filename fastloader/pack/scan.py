@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.engine import open_source, write_report
 from fastloader.pack.readers import ReencodeOptions, prepared, reader_pool
+from fastloader.world import usable_cpus
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def scan(
 
     src = os.fspath(src)
     source, kind = open_source(src, src_format, root=root)
-    workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
     if workers < 0:
         raise ValueError(f"workers must be 0 or more, got {workers}")
     options = ReencodeOptions()  # no re-encoding: the decode check alone

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
@@ -25,21 +24,10 @@ from fastloader.samplers._epoch import (
 def default_world() -> tuple[int, int]:
     """``(world_size, rank)`` of an initialized ``torch.distributed``, else ``WORLD_SIZE`` / ``RANK``
     (torchrun sets them before the process group exists), else ``(1, 0)``."""
-    import torch.distributed as dist
+    from fastloader.world import World
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an int, got {raw!r}") from None
+    world = World.current()
+    return world.world_size, world.rank
 
 
 class DistributedSampler(EpochSampler, torch.utils.data.DistributedSampler):  # type: ignore[override]
