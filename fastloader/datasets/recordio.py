@@ -28,7 +28,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, read_index, write_index
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
     IRHeader,
@@ -39,7 +39,7 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
-from fastloader.storage import file_lock, sidecar_path
+from fastloader.storage import sidecar_path
 
 INDEX_KIND = "recordio"
 INDEX_VERSION = 1
@@ -61,18 +61,15 @@ def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
     """The memory-mapped item index of ``rec_path`` (arrays ``keys``, ``offsets``, ``spans``),
     built from ``idx_path`` (or a scan when None) when missing or stale, under a lock."""
     index_path = os.fspath(sidecar_path(rec_path, INDEX_SUFFIX))
-    index = _fresh_index(index_path, rec_path, idx_path)
-    if index is not None:
-        return index
-    with file_lock(index_path):
-        index = _fresh_index(index_path, rec_path, idx_path)  # another rank may have built it meanwhile
-        if index is not None:
-            return index
+
+    def build() -> IndexFile:
         stamp = _sources_stamp(rec_path, idx_path)
         with open(rec_path, "rb") as rec:
             meta, arrays = _build_index(rec.fileno(), stamp["rec"]["size"], rec_path, idx_path)
         write_index(index_path, INDEX_KIND, INDEX_VERSION, {"sources": stamp, **meta}, arrays)
-    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+        return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+    return cached_index(index_path, lambda: _fresh_index(index_path, rec_path, idx_path), build)
 
 
 def _fresh_index(index_path: str, rec_path: str, idx_path: str | None) -> IndexFile | None:

@@ -27,11 +27,11 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, read_index, string_at, write_index
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at, write_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
-from fastloader.storage import cache_dir, file_lock
+from fastloader.storage import cache_dir
 
 CATALOG_KIND = "tar-catalog"
 CATALOG_VERSION = 1
@@ -143,15 +143,12 @@ def load_catalog(
     """The catalog of ``shards``: read when every shard is unchanged, else built (once, under a lock)."""
     path = _catalog_path(shards, image_exts)
     stats = _shard_stats(shards)
-    catalog = _current_catalog(path, stats)
-    if catalog is not None:
-        return catalog
-    with file_lock(path):
-        catalog = _current_catalog(path, stats)
-        if catalog is None:
-            _build_catalog(path, shards, image_exts, index_paths)
-            catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
-    return catalog
+
+    def build() -> IndexFile:
+        _build_catalog(path, shards, image_exts, index_paths)
+        return read_index(path, CATALOG_KIND, CATALOG_VERSION)
+
+    return cached_index(path, lambda: _current_catalog(path, stats), build)
 
 
 def _open_catalog(path: str, count: int) -> IndexFile:

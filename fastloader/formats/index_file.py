@@ -21,14 +21,14 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.storage import atomic_write
+from fastloader.storage import atomic_write, file_lock
 
 MAGIC = b"FLIDX\x00\x01\n"
 _ALIGN = 64
@@ -109,6 +109,20 @@ def read_index(path: str | os.PathLike[str], kind: str, version: int) -> IndexFi
             raise
         raise FormatError(f"{path}: malformed index header ({type(error).__name__}: {error})") from None
     return IndexFile(path, kind, version, meta, arrays)
+
+
+def cached_index(
+    path: str | os.PathLike[str], current: Callable[[], IndexFile | None], build: Callable[[], IndexFile]
+) -> IndexFile:
+    """The derived index at ``path``: ``current()`` when it returns one (present and up to date), else
+    ``build()``, once: the processes and ranks that start together wait on a file lock, and each
+    re-checks after taking it, so only the first one scans."""
+    index = current()
+    if index is not None:
+        return index
+    with file_lock(path):
+        index = current()
+        return index if index is not None else build()
 
 
 def _map_array(path: str, size: int, name: str, spec: Mapping[str, Any]) -> np.ndarray:

@@ -30,8 +30,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, pack_strings, read_index, write_index
-from fastloader.storage import file_lock, sidecar_path
+from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
+from fastloader.storage import sidecar_path
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")
 LABEL_EXTS = ("cls", "cls2", "class", "label")
@@ -345,9 +345,6 @@ def load_shard_index(
 ) -> IndexFile:
     """The index of ``shard``: read when current, else built (once: other processes wait on the lock)."""
     path = Path(index_path) if index_path is not None else default_index_path(shard)
-    index = _try_read(shard, path, image_exts)
-    if index is not None:
-        return index
-    with file_lock(path):
-        index = _try_read(shard, path, image_exts)
-        return index if index is not None else build_shard_index(shard, path, image_exts)
+    return cached_index(
+        path, lambda: _try_read(shard, path, image_exts), lambda: build_shard_index(shard, path, image_exts)
+    )

@@ -26,8 +26,8 @@ import crc32c
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, read_index, write_index
-from fastloader.storage import AtomicFile, file_lock, sidecar_path
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
+from fastloader.storage import AtomicFile, sidecar_path
 
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -122,19 +122,16 @@ def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] 
     """
     path = os.fspath(path)
     index_path = default_index_path(path) if index_path is None else os.fspath(index_path)
-    index = _fresh_index(path, index_path)
-    if index is not None:
-        return index
-    with file_lock(index_path):
-        index = _fresh_index(path, index_path)  # another rank may have built it while we waited
-        if index is not None:
-            return index
+
+    def build() -> IndexFile:
         stamp = _stamp(path)
         with open(path, "rb") as file:
             offsets, lengths = scan_records(file.fileno(), stamp["size"], path)
         meta = {"data": stamp, "count": len(offsets)}
         write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, {"offsets": offsets, "lengths": lengths})
-    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+        return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+    return cached_index(index_path, lambda: _fresh_index(path, index_path), build)
 
 
 def _fresh_index(path: str, index_path: str) -> IndexFile | None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import pack_strings, read_index, string_at, write_index
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, string_at, write_index
 
 
 def test_round_trip_is_memory_mapped(tmp_path: Path) -> None:
@@ -61,3 +62,30 @@ def test_foreign_and_truncated_files_are_format_errors(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(FormatError, match="truncated"):
         read_index(path, "folder", 1)
+
+
+def test_cached_index_is_built_once_by_processes_starting_together(tmp_path: Path) -> None:
+    """Four ranks starting together: the first builds under the lock, the others wait and read it."""
+    import threading
+
+    from fastloader.formats.index_file import cached_index
+
+    path, builds = tmp_path / "x.idx", []
+
+    def current() -> IndexFile | None:
+        return read_index(path, "race", 1) if path.exists() else None
+
+    def build() -> IndexFile:
+        builds.append(threading.get_ident())
+        time.sleep(0.2)  # a slow scan: the others arrive meanwhile
+        write_index(path, "race", 1, {}, {"a": np.arange(5)})
+        return read_index(path, "race", 1)
+
+    results: list[IndexFile] = []
+    threads = [threading.Thread(target=lambda: results.append(cached_index(path, current, build))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1 and len(results) == 4
+    assert all(np.array_equal(index.arrays["a"], np.arange(5)) for index in results)
