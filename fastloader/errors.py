@@ -13,3 +13,7 @@ class FormatError(FastloaderError, ValueError):
 
 class DecodeError(FastloaderError, ValueError):
     """An image's bytes cannot be decoded."""
+
+
+class TooManyBadSamples(FastloaderError, RuntimeError):
+    """More bad samples than a dataset's error policy allows (``max_errors``)."""

@@ -23,28 +23,18 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
-from fastloader.errors import FastloaderError
+from fastloader.errors import TooManyBadSamples
+from fastloader.formats import bad_samples
+from fastloader.formats.bad_samples import BadSample
 
 MODES = ("raise", "skip", "replace")
 _MAX_TRIES = 16  # substitutes tried before giving up: more consecutive bad samples means a broken dataset
 _LOG = logging.getLogger("fastloader")
 R = TypeVar("R")
-
-
-class TooManyBadSamples(FastloaderError, RuntimeError):
-    """More bad samples than ``max_errors`` allows."""
-
-
-@dataclass(frozen=True)
-class BadSample:
-    position: int
-    key: str
-    reason: str
 
 
 class ErrorPolicy:
@@ -79,13 +69,11 @@ class ErrorPolicy:
     def record(self, index: int, key: str, error: BaseException | str) -> None:
         """Report a bad sample once (log + quarantine line), then enforce the budget."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        reason = reason.replace("\t", " ").replace("\n", " ")
         bad = self.bad_samples()
         if key not in self._reported and all(sample.key != key for sample in bad):
             # Once for the whole run: other processes (earlier epochs' workers) may have reported it.
             _LOG.warning("bad sample %s (position %d): %s", key, index, reason)
-            with open(self.quarantine, "a", encoding="utf-8", errors="surrogateescape") as file:
-                file.write(f"{index}\t{key}\t{reason}\n")
+            bad_samples.append(self.quarantine, BadSample(index, key, reason))
             bad.append(BadSample(index, key, reason))
         self._reported.add(key)
         if self.budget is not None and len(bad) > self.budget:
@@ -98,11 +86,8 @@ class ErrorPolicy:
         """Every bad sample any process reported, once each, in the order they were found."""
         seen: dict[str, BadSample] = {}
         try:
-            with open(self.quarantine, encoding="utf-8", errors="surrogateescape") as file:
-                for line in file:
-                    parts = line.rstrip("\n").split("\t", 2)
-                    if len(parts) == 3 and parts[0].isdigit() and parts[1] not in seen:
-                        seen[parts[1]] = BadSample(int(parts[0]), parts[1], parts[2])
+            for sample in bad_samples.read(self.quarantine, strict=False):
+                seen.setdefault(sample.key, sample)
         except FileNotFoundError:
             pass
         return list(seen.values())
@@ -166,12 +151,4 @@ def _safe_key(key: Callable[[int], str], index: int) -> str:
 
 def read_exclusions(path: str | os.PathLike[str]) -> list[int]:
     """Positions listed in a ``fastloader scan`` report (or ``pack``'s skipped list)."""
-    positions = []
-    with open(path, encoding="utf-8", errors="surrogateescape") as file:
-        for number, line in enumerate(file, 1):
-            first = line.split("\t", 1)[0].strip()
-            if first.isdigit():
-                positions.append(int(first))
-            elif first and number > 1:
-                raise ValueError(f"{path}:{number}: expected 'position<TAB>key<TAB>reason', got {line.strip()!r}")
-    return positions
+    return [sample.position for sample in bad_samples.read(path)]

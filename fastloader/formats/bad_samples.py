@@ -56,20 +56,35 @@ def text_of(samples: Iterable[BadSample]) -> str:
     return HEADER + "\n" + "".join(row(sample) for sample in samples)
 
 
-def parse(lines: Iterable[str], path: str | os.PathLike[str] = "<list>") -> Iterator[BadSample]:
+def parse(lines: Iterable[str], path: str | os.PathLike[str] = "<list>", strict: bool = True) -> Iterator[BadSample]:
     """The samples of a list; the header and blank lines are passed over, anything else malformed is a
-    ValueError naming the line."""
+    ValueError naming the line (``strict``) or passed over (a line a killed process left half-written)."""
     for number, line in enumerate(lines, 1):
         text = line.rstrip("\n")
         if not text.strip() or (number == 1 and text == HEADER):
             continue
         parts = text.split("\t", 2)
         if len(parts) < 2 or not parts[0].strip().isdigit():
+            if not strict:
+                continue
             raise ValueError(f"{os.fspath(path)}:{number}: expected 'position<TAB>key<TAB>reason', got {text!r}")
         reason = parts[2] if len(parts) == 3 else ""
         yield BadSample(int(parts[0]), unescape(parts[1]), unescape(reason))
 
 
-def read(path: str | os.PathLike[str]) -> list[BadSample]:
+def read(path: str | os.PathLike[str], strict: bool = True) -> list[BadSample]:
     with open(path, encoding="utf-8", errors="surrogateescape") as file:
-        return list(parse(file, path))
+        return list(parse(file, path, strict))
+
+
+def append(path: str | os.PathLike[str], sample: BadSample) -> None:
+    """Add one line (one ``write`` of a small line: processes appending at once do not interleave)."""
+    with open(path, "a", encoding="utf-8", errors="surrogateescape") as file:
+        file.write(row(sample))
+
+
+def write(path: str | os.PathLike[str], samples: Iterable[BadSample]) -> None:
+    """A whole list, header first, replacing ``path`` atomically."""
+    from fastloader.storage import atomic_write_bytes
+
+    atomic_write_bytes(path, text_of(samples).encode("utf-8", "surrogateescape"))

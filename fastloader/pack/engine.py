@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastloader.datasets.base import Source
+from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
 from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
@@ -197,13 +198,7 @@ def report_path(dst: str | os.PathLike[str]) -> str:
 
 
 def write_report(path: str, skipped: list[BadSample]) -> None:
-    from fastloader.storage import atomic_write_bytes
-
-    def cell(text: str) -> str:
-        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-
-    lines = ["position\tkey\treason"] + [f"{s.position}\t{cell(s.key)}\t{cell(s.reason)}" for s in skipped]
-    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+    bad_samples.write(path, skipped)
 
 
 @dataclass(frozen=True)
