@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
 from fastloader.errors import DecodeError
 from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
-from fastloader.image.decode import check_pixels, image_size
+from fastloader.image.decode import check_pixels, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.transforms.fused import FusedTransform
 
@@ -272,8 +272,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def _fused_image(self, fused: FusedTransform, index: int) -> Any:
         if self._decode_device != "cpu":
             data, key = self.source.read(index), self.source.key(index)
-            width, height = image_size(data, key)
-            return EncodedImage(data, fused.plan(width, height), key)
+            header = read_header(data, key)
+            return EncodedImage(data, fused.plan(header.width, header.height), key, header)
         size = fused.decoded_size
         if self._cache is not None and size is not None:
             pixels = np.empty((*size, 3), dtype=np.uint8)

@@ -27,6 +27,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate as _collate_with
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from fastloader.image.decode import ImageHeader
 from fastloader.image.geometry import CropPlan
 
 
@@ -37,6 +38,7 @@ class EncodedImage:
     data: bytes
     plan: CropPlan
     key: str
+    header: ImageHeader | None = None  # read in the worker: the GPU decoder does not parse it again
 
 
 def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ import importlib
 import io
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -102,32 +103,56 @@ def check_pixels(width: int, height: int, key: str) -> None:
         )
 
 
-def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
-    """``(width, height)`` of an encoded image, from its header alone; refuses decompression bombs."""
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an encoded image's header says, read once per image (the pixel limit is checked there)
+    and carried with it: to the crop plan, to the decode, to the GPU decoder."""
+
+    width: int
+    height: int
+    plain_jpeg: bool  # a JPEG in RGB or grayscale: the region decoder and nvJPEG take it; else PIL decodes
+
+
+def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
+    """The header of an encoded image; refuses decompression bombs before any pixel is decoded."""
     ext = _jpeg_ext()
-    size: tuple[int, int] | None = None
+    header: ImageHeader | None = None
     if ext is not None and is_jpeg(data):
         try:
-            width, height, _ = ext.jpeg_info(data)
-            size = int(width), int(height)
+            width, height, components = ext.jpeg_info(data)
+            header = ImageHeader(int(width), int(height), components in (1, 3))
         except ext.FALLBACK_ERRORS:  # data the extension leaves to PIL (CMYK, 12-bit...) or finds corrupt
             pass  # PIL reads it, or names what is wrong with it
-    if size is None:
+    if header is None:
         with _decode_errors(key):
-            width, height = _open(data).size
-            size = int(width), int(height)
-    check_pixels(*size, key)
-    return size
+            image = _open(data)
+            plain = image.format == "JPEG" and image.mode in ("RGB", "L") and ext is None
+            header = ImageHeader(int(image.size[0]), int(image.size[1]), plain)
+    check_pixels(header.width, header.height, key)
+    return header
+
+
+def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
+    """``(width, height)`` of an encoded image, from its header alone; refuses decompression bombs."""
+    header = read_header(data, key)
+    return header.width, header.height
 
 
 def decode_plan(
-    data: bytes, plan: CropPlan, key: str = "<bytes>", out: np.ndarray | None = None, fast: bool = False
+    data: bytes,
+    plan: CropPlan,
+    key: str = "<bytes>",
+    out: np.ndarray | None = None,
+    fast: bool = False,
+    header: ImageHeader | None = None,
 ) -> np.ndarray:
     """Decode ``data`` to ``plan``: crop ``plan.box``, resize to ``plan.size``, flip; RGB uint8 H×W×3.
 
     ``out`` (optional, H×W×3 uint8, any strides: a slot of a batch buffer or of a cache) receives
     the pixels instead of a new array. ``fast``: libjpeg's fast IDCT and upsampling (JPEG region
-    decodes only; about one level from the exact pixels on average).
+    decodes only; about one level from the exact pixels on average). ``header``: from
+    :func:`read_header` when the caller has it (the pixel limit is then not checked again, and an image
+    the region decoder does not take goes straight to PIL).
     """
     height, width = plan.size
     if out is None:
@@ -137,14 +162,14 @@ def decode_plan(
     if plan.interpolation not in _FILTERS:
         raise ValueError(f"unknown interpolation {plan.interpolation!r}; expected one of {sorted(_FILTERS)}")
     ext = _jpeg_ext()
-    if ext is not None and is_jpeg(data):
+    if ext is not None and is_jpeg(data) and (header is None or header.plain_jpeg):
         try:
             _decode_with_ext(ext, data, plan, out, fast)
             return out
         except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
             pass
     with _decode_errors(key):
-        _decode_with_pil(data, plan, out, key)
+        _decode_with_pil(data, plan, out, key, checked=header is not None)
     return out
 
 
@@ -179,10 +204,11 @@ def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]
     return 1
 
 
-def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str) -> None:
+def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, checked: bool) -> None:
     image = _open(data)
     width, height = image.size
-    check_pixels(width, height, key)
+    if not checked:
+        check_pixels(width, height, key)
     region = visible_region(plan, width, height)
     scale = 1
     if region is not None and image.format == "JPEG":

@@ -65,7 +65,11 @@ def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
         raise ValueError(f"GPU decode needs one output size per batch, got {sorted(sizes)}")
     (height, width) = sizes.pop()
     out = torch.empty((len(images), 3, height, width), dtype=torch.uint8, device=device)
-    on_gpu = [i for i, item in enumerate(images) if _nvjpeg_ok(item.data)]
+    on_gpu = [
+        i
+        for i, item in enumerate(images)
+        if (item.header.plain_jpeg if item.header is not None else _nvjpeg_ok(item.data))
+    ]
     decoded: list[torch.Tensor] = []
     if on_gpu:
         encoded = [torch.frombuffer(bytearray(images[i].data), dtype=torch.uint8) for i in on_gpu]

@@ -93,8 +93,9 @@ class FusedTransform:
 
     def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
         """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""
-        width, height = decode.image_size(data, key)
-        return decode.decode_plan(data, self.plan(width, height), key, out, fast=not self.exact_decode)
+        header = decode.read_header(data, key)
+        plan = self.plan(header.width, header.height)
+        return decode.decode_plan(data, plan, key, out, fast=not self.exact_decode, header=header)
 
     def finish(self, image: torch.Tensor) -> Any:
         """Apply the tail to a C×H×W uint8 tensor made by the fused steps."""

@@ -4,6 +4,7 @@ scaling only where the output is small enough, zero padding and flips, errors na
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,3 +176,32 @@ def test_only_the_datas_fault_falls_back_to_pil(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(decode_module, "_decode_with_ext", buggy)
     with pytest.raises(ValueError, match="a bug in the fast path"):
         decode_module.decode_plan(data, plan, "good.jpg")
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "jpeg_cmyk", "png_rgba"])
+def test_the_header_is_read_once_per_image(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One header parse and one pixel-limit check per image on the fused path; an image the region
+    decoder does not take (CMYK, PNG) goes straight to PIL, without a failed attempt first."""
+    from fastloader.image import decode as decode_module
+
+    calls: dict[str, int] = {"header": 0, "check": 0, "ext": 0}
+    real_header, real_check, real_ext = (
+        decode_module.read_header,
+        decode_module.check_pixels,
+        decode_module._decode_with_ext,
+    )
+
+    def counting(name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(decode_module, "read_header", counting("header", real_header))
+    monkeypatch.setattr(decode_module, "check_pixels", counting("check", real_check))
+    monkeypatch.setattr(decode_module, "_decode_with_ext", counting("ext", real_ext))
+    pixels = T.Compose([T.Resize(40), T.CenterCrop(32)])(photo_bytes(kind, 90, 70))
+    assert tuple(pixels.shape) == (3, 32, 32)
+    expected_ext = 1 if kind == "jpeg" and decode_module._jpeg_ext() is not None else 0
+    assert calls == {"header": 1, "check": 1, "ext": expected_ext}
