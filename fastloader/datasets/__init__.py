@@ -1,5 +1,8 @@
 """Datasets that feed DataLoaderX: each is a random-access ``(image, label)`` dataset over a source.
 
+They run in the DataLoader's worker processes: read an item's bytes from the source, hand them to the
+image path (``fastloader.image``) and the transform, and follow the error policy for bad samples.
+
 Every dataset here is an :class:`ImageDataset` over a *source* (encoded bytes, label and key of
 item i), so any of them can be swapped for another; see ``fastloader.datasets.base`` for the
 protocol a custom source implements.
