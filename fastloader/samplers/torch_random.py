@@ -7,7 +7,9 @@ This subclass draws exactly the same numbers from the same generators (so its or
 for the same ``torch.manual_seed`` or ``generator``), and additionally
 
 * remembers the seed it drew for the current epoch (``epoch_seed``), and
-* can be told the seed of its next epoch (``pin_next_seed``), which then draws nothing.
+* can be told the seed of its next epoch (``pin_next_seed``). It still draws (and drops) torch's
+  number then, so the global RNG is left exactly where torch's sampler leaves it: a resumed script
+  that seeds as the interrupted one did goes on with the same numbers.
 
 With a ``generator`` it is torch's sampler unchanged: the generator's state at the start of an epoch
 decides the order, and ``DataLoaderX`` saves and restores that state itself.
@@ -28,7 +30,7 @@ class TorchRandomSampler(RandomSampler):
     _pinned_seed: int | None = None
 
     def pin_next_seed(self, seed: int) -> None:
-        """Use ``seed`` for the next epoch instead of drawing one from torch's global RNG."""
+        """Use ``seed`` for the next epoch instead of the one drawn from torch's global RNG."""
         self._pinned_seed = int(seed)
 
     def __iter__(self) -> Iterator[int]:
@@ -37,9 +39,10 @@ class TorchRandomSampler(RandomSampler):
         if self.generator is not None:
             yield from super().__iter__()
             return
+        drawn = int(torch.empty((), dtype=torch.int64).random_().item())  # torch's own draw
         seed, self._pinned_seed = self._pinned_seed, None
         if seed is None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())  # torch's own draw
+            seed = drawn
         self.epoch_seed = seed
         generator = torch.Generator()
         generator.manual_seed(seed)

@@ -155,13 +155,16 @@ def test_the_sampler_is_torchs_draw_for_draw(replacement: bool, with_generator: 
     assert run(TorchRandomSampler) == run(RandomSampler)
 
 
-def test_a_pinned_seed_draws_nothing_from_the_global_rng() -> None:
+def test_a_pinned_seed_orders_the_epoch_and_leaves_the_global_rng_as_torch_does() -> None:
     sampler = TorchRandomSampler(range(30))
     torch.manual_seed(0)
     first_order = list(sampler)
     seed = sampler.epoch_seed
     after_draw = torch.rand(1).item()
-    torch.manual_seed(0)
+    torch.manual_seed(5)  # another global state: the pinned seed decides the order
     sampler.pin_next_seed(seed)
     assert list(sampler) == first_order
-    assert torch.rand(1).item() != after_draw  # the pinned epoch did not consume the global RNG
+    torch.manual_seed(0)
+    sampler.pin_next_seed(12345)
+    list(sampler)
+    assert torch.rand(1).item() == after_draw  # one draw consumed, as torch's sampler consumes
