@@ -100,26 +100,22 @@ class RaisesOnOddItems:
         return i
 
 
-def test_the_iteration_goes_on_after_an_exception_as_the_sources_does() -> None:
-    gen = BackgroundGenerator(RaisesOnOddItems(7), max_prefetch=2)
+def outcomes(iterator: Iterator[int]) -> list[object]:
+    """Every ``next()`` until StopIteration: the item, or the message of the error it raised."""
     seen: list[object] = []
     while True:
         try:
-            seen.append(next(gen))
+            seen.append(next(iterator))
         except ValueError as error:
             seen.append(str(error))
         except StopIteration:
-            break
-    direct: list[object] = []  # the same loop over the source itself
-    source = RaisesOnOddItems(7)
-    while True:
-        try:
-            direct.append(next(source))
-        except ValueError as error:
-            direct.append(str(error))
-        except StopIteration:
-            break
-    assert seen == direct == [0, "item 1 is broken", 2, "item 3 is broken", 4, "item 5 is broken", 6]
+            return seen
+
+
+def test_the_iteration_goes_on_after_an_exception_as_the_sources_does() -> None:
+    through_the_thread = outcomes(BackgroundGenerator(RaisesOnOddItems(7), max_prefetch=2))
+    direct = outcomes(RaisesOnOddItems(7))
+    assert through_the_thread == direct == [0, "item 1 is broken", 2, "item 3 is broken", 4, "item 5 is broken", 6]
 
 
 def test_a_kept_traceback_does_not_keep_the_thread_alive() -> None:
