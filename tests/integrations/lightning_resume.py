@@ -17,51 +17,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.integrations.common import make_loader  # noqa: E402
+from tests.integrations.lightning_common import Crash, Recorder, trainer  # noqa: E402
 
 KS = (5, 17)  # mid first epoch; mid second epoch (13 batches an epoch)
 VARIANTS = [(kind, seeding, k) for kind in ("torch", "fastloader") for seeding in ("global", "generator") for k in KS]
-
-
-class Crash(Exception):
-    pass
-
-
-class Recorder(lightning.LightningModule):
-    def __init__(self, crash_at: int | None = None) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.batches: list[list[int]] = []
-        self.crash_at = crash_at
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if len(self.batches) == self.crash_at:
-            raise Crash(f"simulated crash at step {self.crash_at}")
-        x, indices = batch
-        self.batches.append(indices.tolist())
-        return self.layer(x).sum()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def trainer(**kwargs: Any) -> lightning.Trainer:
-    kwargs.setdefault("enable_checkpointing", False)
-    return lightning.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        **kwargs,
-    )
 
 
 def loader(kind: str, seeding: str) -> Any:
