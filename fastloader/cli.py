@@ -1,4 +1,4 @@
-"""The ``fastloader`` command line: ``info``, ``pack``, ``verify`` and ``scan``.
+"""The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan`` and ``doctor``.
 
 Exit status: 0 on success, 1 when the command failed (an error, or ``verify`` found problems),
 2 for bad usage, 130 when interrupted (a pack then resumes when run again).
@@ -166,6 +166,76 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     pack.set_defaults(run=_cmd_pack)
 
 
+def _workers_or_auto(text: str) -> int | str:
+    return "auto" if text == "auto" else _non_negative(text)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from fastloader.doctor.checkup import checkup, format_text
+
+    result = checkup(
+        args.path,
+        src_format=args.src_format,
+        root=args.root,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        transform=args.pipeline,
+        decode_on=args.decode_on,
+        step_ms=args.step_ms,
+        batches=args.batches,
+        seconds=args.seconds,
+        storage=not args.no_storage,
+    )
+    if args.report:
+        from fastloader.doctor.report_html import write_report
+
+        write_report(result, args.report)
+    print(json.dumps(result, indent=2) if args.json else format_text(result))
+    if args.report and not args.json:
+        print(f"report: {args.report}")
+    return 0
+
+
+def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from fastloader.doctor.checkup import PIPELINES
+    from fastloader.pack.engine import SOURCE_KINDS
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="measure a pipeline on a dataset and name its bottleneck",
+        description="Run DataLoaderX over PATH (any dataset `pack` reads) with this pipeline and say where the"
+        " time goes: storage, read, decode, transform, collate, hand-off, copy; CPU per core, memory, GPU;"
+        " the machine's traps; then the verdict and what to do.",
+    )
+    doctor.add_argument("path", metavar="PATH", help="the dataset (as for `fastloader pack`)")
+    doctor.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
+    doctor.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    doctor.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="batch size (default 64)")
+    doctor.add_argument(
+        "--workers", type=_workers_or_auto, default="auto", metavar="N", help="num_workers, or auto (default)"
+    )
+    doctor.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="train",
+        help="train: RandomResizedCrop(224) + flip; eval: Resize(256) + CenterCrop(224)",
+    )
+    doctor.add_argument("--decode-on", choices=("cpu", "cuda"), default="cpu", help="where JPEGs are decoded")
+    doctor.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="your training step per batch, simulated (default 0: the loader alone)",
+    )
+    doctor.add_argument("--batches", type=_positive, default=60, metavar="N", help="batches to measure (default 60)")
+    doctor.add_argument("--seconds", type=float, default=60.0, metavar="S", help="at most this long (default 60)")
+    doctor.add_argument("--no-storage", action="store_true", help="skip the storage read test")
+    doctor.add_argument("--report", metavar="FILE", help="also write a self-contained HTML report")
+    doctor.add_argument("--json", action="store_true", help="print the result as JSON")
+    doctor.set_defaults(run=_cmd_doctor)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastloader", description="Fast data loading for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -174,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(run=_cmd_info)
     _add_pack(commands)
     _add_scan(commands)
+    _add_doctor(commands)
     verify = commands.add_parser(
         "verify",
         help="check every record of a pack (checksums, count)",

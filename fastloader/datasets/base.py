@@ -41,6 +41,7 @@ from fastloader.errors import DecodeError
 from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.image.decode import check_pixels, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
+from fastloader.loader.stage_clock import timed
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
@@ -141,7 +142,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         image = self._image(index)
         label = self._target(index)
         if self.transform is not None:
-            image = self.transform(image)
+            with timed("transform"):
+                image = self.transform(image)
         if self.target_transform is not None:
             label = self.target_transform(label)
         return image, label
@@ -251,7 +253,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def _image(self, index: int) -> Any:
         """The image of item ``index`` for a transform that does not decode by itself."""
-        return self.decode(self.source.read(index), self.source.key(index))
+        with timed("read"):
+            data = self.source.read(index)
+        with timed("decode"):
+            return self.decode(data, self.source.key(index))
 
     def _decodes_bytes(self) -> bool:
         """True when images come from the source's bytes through the default decode: a fastloader
@@ -271,25 +276,38 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def _fused_image(self, fused: FusedTransform, index: int) -> Any:
         if self._decode_device != "cpu":
-            data, key = self.source.read(index), self.source.key(index)
-            header = read_header(data, key)
-            return EncodedImage(data, fused.plan(header.width, header.height), key, header)
+            with timed("read"):
+                data, key = self.source.read(index), self.source.key(index)
+            with timed("decode"):  # only the header and the crop plan: the GPU decodes
+                header = read_header(data, key)
+                return EncodedImage(data, fused.plan(header.width, header.height), key, header)
         size = fused.decoded_size
         if self._cache is not None and size is not None:
             pixels = np.empty((*size, 3), dtype=np.uint8)
             self._decode_into(fused, index, pixels)
         else:
-            pixels = fused.decode_into(self.source.read(index), None, self.source.key(index))
-        return fused.finish(torch.from_numpy(pixels).permute(2, 0, 1))
+            with timed("read"):
+                data = self.source.read(index)
+            with timed("decode"):  # fused with the crop and resize
+                pixels = fused.decode_into(data, None, self.source.key(index))
+        if not fused.tail:
+            return torch.from_numpy(pixels).permute(2, 0, 1)
+        with timed("transform"):
+            return fused.finish(torch.from_numpy(pixels).permute(2, 0, 1))
 
     def _decode_into(self, fused: FusedTransform, index: int, out: np.ndarray) -> None:
         """Item ``index`` through the fused steps into ``out``, through the cache when there is one."""
         cache = self._cache
         if cache is not None and fused is not self._cached_transform:
             raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
-        if cache is not None and cache.read_into(index, out):
-            return
-        fused.decode_into(self.source.read(index), out, self.source.key(index))
+        if cache is not None:
+            with timed("read"):  # decoded pixels from the cache
+                if cache.read_into(index, out):
+                    return
+        with timed("read"):
+            data = self.source.read(index)
+        with timed("decode"):  # fused with the crop and resize
+            fused.decode_into(data, out, self.source.key(index))
         if cache is not None:
             cache.write(index, out)
 

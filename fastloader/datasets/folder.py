@@ -47,6 +47,7 @@ from fastloader.datasets.folder_index import (
 )
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, read_index, string_at
+from fastloader.loader.stage_clock import timed
 
 PathLike = str | os.PathLike[str]
 
@@ -275,7 +276,10 @@ class ImageFolder(ImageDataset[Any]):
         return self.source.labels()
 
     def _image(self, index: int) -> Any:
-        return self.loader(self.samples[index][0]) if self.loader is not None else super()._image(index)
+        if self.loader is None:
+            return super()._image(index)
+        with timed("decode"):  # the user's loader reads and decodes in one call
+            return self.loader(self.samples[index][0])
 
     def _decodes_bytes(self) -> bool:
         return self.loader is None and super()._decodes_bytes()
@@ -320,7 +324,10 @@ class FileListDataset(ImageDataset[Any]):
         return self.source.labels()
 
     def _image(self, index: int) -> Any:
-        return self.loader(self.samples[index][0]) if self.loader is not None else super()._image(index)
+        if self.loader is None:
+            return super()._image(index)
+        with timed("decode"):  # the user's loader reads and decodes in one call
+            return self.loader(self.samples[index][0])
 
     def _decodes_bytes(self) -> bool:
         return self.loader is None and super()._decodes_bytes()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -129,6 +130,8 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
     with their original traceback; the next ``next()`` goes on as the iterable's own would (see the
     module docstring). ``on_exit`` (optional) runs in the producer thread once it is
     done, after the end (or the error) was handed over: slow clean-up never delays the consumer.
+    ``on_stall(seconds)`` (optional) is called by the waiting consumer each time a ``next()`` has
+    waited another ``stall_after`` seconds for an item (a watchdog; it must not raise).
     """
 
     def __init__(
@@ -138,10 +141,16 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         *,
         name: str | None = None,
         on_exit: Callable[[], None] | None = None,
+        stall_after: float | None = None,
+        on_stall: Callable[[float], None] | None = None,
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1 (the queue is bounded), got {max_prefetch!r}")
+        if stall_after is not None and not stall_after > 0:
+            raise ValueError(f"stall_after must be None or > 0 seconds, got {stall_after!r}")
         self.max_prefetch = max_prefetch
+        self._stall_after = stall_after if on_stall is not None else None
+        self._on_stall = on_stall
         self._channel = _Channel(max_prefetch)
         self._done = False
         thread = threading.Thread(
@@ -182,10 +191,18 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
 
     def _get(self) -> object:
         channel = self._channel
+        stall_after = self._stall_after
+        began = time.monotonic() if stall_after is not None else 0.0
+        next_alarm = stall_after
         while True:
             try:
                 return channel.queue.get(timeout=_POLL_S)
             except queue.Empty:
+                if next_alarm is not None and stall_after is not None and self._on_stall is not None:
+                    waited = time.monotonic() - began
+                    if waited >= next_alarm:
+                        next_alarm += stall_after
+                        self._on_stall(waited)
                 thread = channel.thread
                 if channel.stop.is_set() or thread is None or not thread.is_alive():
                     # Closed, or the producer is gone: take what it left, else end.
@@ -201,6 +218,10 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         if self._finalizer.alive:
             self._finalizer.detach()
             self._channel.shutdown(timeout)
+
+    def ready(self) -> int:
+        """Items prefetched and waiting (approximate while the producer runs)."""
+        return self._channel.queue.qsize()
 
     def is_alive(self) -> bool:
         """True while the producer thread runs."""

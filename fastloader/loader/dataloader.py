@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import logging
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,15 +24,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_convert
 
 from fastloader.image.gpu_decode import decode_encoded
+from fastloader.loader.autotune import Auto, Choice, candidates, choose
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import CudaCopier, DeviceLike, on_device, resolve_device
+from fastloader.loader.nested import iter_tensors
 from fastloader.loader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
 from fastloader.loader.resume import Progress, apply_state, begin, state_of
+from fastloader.loader.stage_clock import StampingSampler, TimedBatch, TimedCollate, labelled
+from fastloader.loader.stage_stats import StageStats
+from fastloader.loader.verdict import Setting, judge
+from fastloader.loader.watchdog import StackDir, StackDumpInit, report_stall
 from fastloader.samplers._epoch import check_nonnegative_int
 
 T_co = TypeVar("T_co", covariant=True)
 _QUICK_JOIN_S = 0.5  # how long the training loop waits for a finished producer thread to end
+log = logging.getLogger("fastloader")
 
 
 class DataLoaderX(DataLoader[T_co]):
@@ -61,9 +70,18 @@ class DataLoaderX(DataLoader[T_co]):
             nor ``batch_sampler`` is given. None (default): only when ``local_rank`` is given and more
             than one rank runs (never under an initialised accelerate, which shards by itself); frameworks
             that split the data themselves then see torch's behaviour. See ``fastloader.loader.default_sampler``.
+        num_workers: torch's, or ``"auto"``: measured at the first ``iter()`` on this pipeline, raising workers
+            within the cores this rank may use and keeping the knee (``fastloader.loader.autotune``; the
+            choice is logged and in ``stats()["autotune"]``). ``prefetch_factor="auto"`` likewise.
         seed: the shuffle seed; orders are a function of (seed, epoch), from numpy. None keeps torch's
             orders exactly (the same batches as torch's loader for the same ``torch.manual_seed`` or
             ``generator``), still resumable by ``load_state_dict``.
+        stall_warning: seconds without a batch after which the ``fastloader`` logger warns with the
+            Python stacks of every worker and of this process, naming the worker that holds the awaited
+            batch (repeated every ``stall_warning`` seconds while the wait lasts); None: never. ``timeout``
+            still raises as in torch.
+        report_every: log the verdict (is training waiting for data, the slowest stage, what to do) on
+            the ``fastloader`` logger every N batches; None (default): never. ``stats()`` has it any time.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -77,7 +95,7 @@ class DataLoaderX(DataLoader[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -86,7 +104,7 @@ class DataLoaderX(DataLoader[T_co]):
         multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | str | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
@@ -101,6 +119,8 @@ class DataLoaderX(DataLoader[T_co]):
         decode_on: str = "cpu",
         distributed: bool | None = None,
         seed: int | None = None,
+        report_every: int | None = None,
+        stall_warning: float | None = 300.0,
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1, got {max_prefetch!r}")
@@ -110,6 +130,13 @@ class DataLoaderX(DataLoader[T_co]):
             raise ValueError(f"distributed must be True, False or None, got {distributed!r}")
         if seed is not None:
             check_nonnegative_int(seed, "seed")
+        num_workers, prefetch_factor = _provisional(num_workers, prefetch_factor)
+        if report_every is not None and (
+            isinstance(report_every, bool) or not isinstance(report_every, int) or report_every < 1
+        ):
+            raise ValueError(f"report_every must be None or an int >= 1, got {report_every!r}")
+        if stall_warning is not None and (isinstance(stall_warning, bool) or not stall_warning > 0):
+            raise ValueError(f"stall_warning must be None or > 0 seconds, got {stall_warning!r}")
         ours = choose_sampler(
             dataset, shuffle, sampler, batch_sampler, drop_last, distributed, local_rank, seed, generator
         )
@@ -159,6 +186,12 @@ class DataLoaderX(DataLoader[T_co]):
         _advise_workers(num_workers)
         self.distributed = distributed
         self.seed = seed
+        self.report_every = report_every
+        self._autotune: Choice | None = None
+        self.stall_warning = stall_warning
+        self._stack_dir: StackDir | None = None  # where workers dump their stacks (watchdog), made on demand
+        self._stage_stats = StageStats()
+        self._cpu_meter: Any = None  # a CpuMeter from the first iter(): how busy the cores were
         self._user_batch_sampler = batch_sampler is not None
         self._epoch = 0  # the epoch of the current (or next) iteration
         self._epoch_set = False  # set_epoch or load_state_dict since the last iter()
@@ -173,6 +206,8 @@ class DataLoaderX(DataLoader[T_co]):
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
+        if isinstance(self.num_workers, Auto) or isinstance(self.prefetch_factor, Auto):
+            self._tune()
         if self._started and not self._epoch_set:
             external = self._sampler_epoch()
             if external is not None and external != self._sampler_epoch_at_iter:
@@ -183,6 +218,10 @@ class DataLoaderX(DataLoader[T_co]):
         progress = self._pending if self._pending is not None else Progress(self._epoch)
         self._pending, self._progress = None, progress
         self._sampler_epoch_at_iter = self._sampler_epoch()
+        if self._cpu_meter is None:
+            from fastloader.loader.cpu_use import CpuMeter
+
+            self._cpu_meter = CpuMeter()
         begin(self, progress)
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent:
@@ -192,23 +231,54 @@ class DataLoaderX(DataLoader[T_co]):
             if previous is not None:
                 previous.close()
         self._skip_batches = progress.skip
+        # Only while torch's iterator takes them: the timed collate (stage_clock) and the workers'
+        # stack dumps (watchdog); the loader's own attributes stay the user's.
+        collate_fn, init_fn, self._timing = self.collate_fn, self.worker_init_fn, True
+        self.collate_fn = TimedCollate(collate_fn)
+        if self.stall_warning is not None and self.num_workers > 0:
+            if self._stack_dir is None:
+                self._stack_dir = StackDir()
+            self.worker_init_fn = StackDumpInit(self._stack_dir.path, init_fn)
         try:
             with on_device(self.device):  # torch's pin-memory thread pins for the current device
                 source = super().__iter__()
         finally:
-            self._skip_batches = 0
+            self._skip_batches, self._timing = 0, False
+            self.collate_fn, self.worker_init_fn = collate_fn, init_fn
         iterator = _PrefetchIterator(
-            source, self._get_copier(), self.max_prefetch, owns_workers=not persistent, progress=progress
+            source,
+            self._get_copier(),
+            self.max_prefetch,
+            owns_workers=not persistent,
+            progress=progress,
+            stats=self._stage_stats,
+            report=functools.partial(_report, weakref.ref(self)) if self.report_every else None,
+            report_every=self.report_every,
+            stall_warning=self.stall_warning,
+            stack_dir=self._stack_dir,
         )
         self._live = weakref.ref(iterator)
         return iterator
+
+    def _tune(self) -> None:
+        """Measure ``"auto"`` num_workers / prefetch_factor now (see ``fastloader.loader.autotune``)."""
+        from fastloader import world
+
+        counts = candidates(world.cores_per_rank()) if isinstance(self.num_workers, Auto) else [self.num_workers]
+        choice = choose(self, counts, prefetch_auto=isinstance(self.prefetch_factor, Auto))
+        self.num_workers, self.prefetch_factor = choice.num_workers, choice.prefetch_factor
+        self._autotune = choice
 
     @property
     def _index_sampler(self) -> Any:
         # torch's iterator takes its indices from here when it is created; a resumed replay skips the
         # batches the interrupted run delivered (once: see _SkipFirst)
         inner = super()._index_sampler
-        return _SkipFirst(inner, self._skip_batches) if self._skip_batches else inner
+        if self._skip_batches:
+            inner = _SkipFirst(inner, self._skip_batches)
+        if getattr(self, "_timing", False):  # marks when each fetch starts (see stage_clock)
+            inner = StampingSampler(inner, in_workers=self.num_workers > 0)
+        return inner
 
     def _sampler_epoch(self) -> int | None:
         """The epoch the sampler itself holds (torch's and our samplers have ``epoch``), if any."""
@@ -243,14 +313,41 @@ class DataLoaderX(DataLoader[T_co]):
         self._epoch, self._epoch_set = epoch, True
 
     def stats(self) -> dict[str, Any]:
-        """Where the loader is (epoch, batches delivered this epoch) and the bad samples its dataset
-        met, in every worker process (``dataset.set_error_policy``; counted from its quarantine file)."""
+        """Where the loader is and where its time goes.
+
+        * ``epoch``, ``batches_yielded`` (this epoch) and the bad samples its dataset met in every worker
+          process (``dataset.set_error_policy``: ``bad_samples``, ``by_reason``, ...);
+        * since the loader was made: ``batches``, ``images``, ``images_per_s`` (the training loop's rate),
+          ``wait_fraction`` (its share of time waiting for data), ``stages`` (each stage's total seconds,
+          ms per image, per-batch p50 / p90 / p99 and where it runs: see ``fastloader.loader.stage_clock``),
+          ``queues`` (mean batches ready ahead of the loop and in the workers' queue), ``timeline``;
+        * ``verdict``: the grade, the slowest stage and the next step (``fastloader.loader.verdict``).
+        """
         error_stats = getattr(self.dataset, "error_stats", None)
         stats: dict[str, Any] = dict(error_stats()) if callable(error_stats) else {}
         progress = self._progress
         stats["epoch"] = self._epoch
         stats["batches_yielded"] = progress.batches if progress is not None else 0
+        stats["num_workers"] = int(self.num_workers)
+        stats["autotune"] = self._autotune.to_dict() if self._autotune is not None else None
+        stats.update(self._stage_stats.summary())
+        stats["verdict"] = judge(stats, self._setting()).to_dict()
         return stats
+
+    def _setting(self) -> Setting:
+        from fastloader import world
+        from fastloader.loader.cpu_use import mean
+
+        busy = mean(self._cpu_meter.read()) if self._cpu_meter is not None else None
+        source = type(getattr(self.dataset, "source", None)).__name__
+        return Setting(
+            num_workers=self.num_workers,
+            usable_cores=world.cores_per_rank(),
+            pin_memory=self.pin_memory,
+            to_gpu=self.device.type == "cuda",
+            cores_busy=busy,
+            small_files=source in ("FolderSource", "FileListSource"),
+        )
 
     def state_dict(self) -> dict[str, int]:
         """Where the training loop is: plain ints, JSON-serializable (see ``fastloader.loader.resume``)."""
@@ -272,6 +369,8 @@ class DataLoaderX(DataLoader[T_co]):
         state = self.__dict__.copy()
         state["_copier"] = None
         state["_live"] = None
+        state["_cpu_meter"] = None
+        state["_stack_dir"] = None
         return state
 
 
@@ -289,26 +388,35 @@ class _PrefetchIterator(Iterator[Any]):
         max_prefetch: int,
         owns_workers: bool,
         progress: Progress | None = None,
+        stats: StageStats | None = None,
+        report: Callable[[], None] | None = None,
+        report_every: int | None = None,
+        stall_warning: float | None = None,
+        stack_dir: StackDir | None = None,
     ) -> None:
         self._source = source
         self._progress = progress if progress is not None else Progress(0)
         self._reported_length = _take_length_check(source)
         self._copier = copier
-        produced: Iterator[Any] = source
-        if copier is not None:
-            consumer = torch.cuda.current_stream(copier.device)
-            produced = map(functools.partial(copier.send, consumer=consumer), produced)
+        self._stats = stats if stats is not None else StageStats()
+        self._report, self._report_every = report, report_every
+        self._delivered_at: float | None = None  # when the training loop got the previous batch
+        consumer = torch.cuda.current_stream(copier.device) if copier is not None else None
+        produced = map(functools.partial(_arrive, copier=copier, consumer=consumer, stats=self._stats), source)
         self._background: BackgroundGenerator[Any] = BackgroundGenerator(
             produced,
             max_prefetch,
             name="fastloader-dataloaderx",
             on_exit=functools.partial(_shutdown_workers, source) if owns_workers else None,
+            stall_after=stall_warning,
+            on_stall=functools.partial(_stalled, weakref.ref(source), stack_dir) if stall_warning else None,
         )
 
     def __iter__(self) -> _PrefetchIterator:
         return self
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
         try:
             item = next(self._background)
         except StopIteration:
@@ -325,10 +433,21 @@ class _PrefetchIterator(Iterator[Any]):
             raise
         if self._copier is not None:
             item = self._copier.receive(item)
+        self._delivered(item, asked)
         self._progress.batches += 1  # counted here, in the consumer: the producer thread runs ahead
         if self._reported_length is not None and self._progress.batches > self._reported_length:
             _warn_past_length(self._source, self._reported_length, self._progress.batches)
         return item
+
+    def _delivered(self, item: Any, asked: float) -> None:
+        now = time.perf_counter()
+        step = asked - self._delivered_at if self._delivered_at is not None else None
+        self._delivered_at = now
+        stats = self._stats
+        stats.add_delivery(now - asked, step, _batch_size(item), self._background.ready(), _in_workers(self._source))
+        every = self._report_every
+        if self._report is not None and every and stats.delivered % every == 0:
+            self._report()
 
     def __len__(self) -> int:
         return len(self._source)  # type: ignore[arg-type]
@@ -372,6 +491,85 @@ class _SkipFirst:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageStats) -> Any:
+    """Producer thread, per batch: unwrap the timed batch, queue its copy to the GPU, record its times."""
+    timing = None
+    if isinstance(item, TimedBatch):
+        item, timing = item.batch, item.timing
+    if copier is not None:
+        start = time.perf_counter()
+        with labelled("h2d"):
+            item = copier.send(item, consumer=consumer)
+        if timing is not None:
+            timing.h2d = time.perf_counter() - start
+    if timing is not None:
+        stats.add_batch(timing)
+    return item
+
+
+def _provisional(num_workers: int | str, prefetch_factor: int | str | None) -> tuple[int, int | None]:
+    """``"auto"`` stands in as :class:`Auto` ints until the first ``iter()`` measures: as many workers as
+    this rank's cores, torch's default prefetch."""
+    from fastloader import world
+
+    if num_workers == "auto" or isinstance(num_workers, Auto):
+        num_workers = Auto(world.cores_per_rank())
+    elif isinstance(num_workers, str):
+        raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
+    if prefetch_factor == "auto" or isinstance(prefetch_factor, Auto):
+        if num_workers == 0:
+            raise ValueError("prefetch_factor='auto' needs worker processes: num_workers > 0 or 'auto'")
+        prefetch_factor = Auto(2)
+    elif isinstance(prefetch_factor, str):
+        raise ValueError(f"prefetch_factor must be an int, None or 'auto', got {prefetch_factor!r}")
+    return num_workers, prefetch_factor
+
+
+def _stalled(source: weakref.ref[Any], stacks: StackDir | None, waited: float) -> None:
+    """The watchdog's alarm, in the waiting training loop (see ``fastloader.loader.watchdog``)."""
+    iterator = source()
+    if iterator is None:
+        return
+    try:
+        report_stall(iterator, stacks, waited)
+    except Exception as error:  # noqa: BLE001 - a failed report must not break the epoch
+        log.warning("no batch for %.0f s (and the stall report failed: %r)", waited, error)
+
+
+def _batch_size(batch: Any) -> int:
+    """Images in a delivered batch: the leading size of its first tensor (1 for a batch without one)."""
+    for tensor in iter_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() > 0 else 1
+    return len(batch) if isinstance(batch, list) else 1
+
+
+def _in_workers(source: Any) -> int:
+    """Batches done by the workers and not yet taken by the producer thread (torch's result queue)."""
+    queue = getattr(source, "_data_queue", None)
+    try:
+        return int(queue.qsize()) if queue is not None else 0
+    except (NotImplementedError, OSError):  # macOS has no sem_getvalue
+        return 0
+
+
+def _report(loader: weakref.ref[DataLoaderX[Any]]) -> None:
+    """Log the verdict of the loader's last batches (``report_every``)."""
+    owner = loader()
+    if owner is None:
+        return
+    stats = owner.stats()
+    verdict = stats["verdict"]
+    advice = "; ".join(verdict["advice"])
+    rate = stats["images_per_s"]
+    log.info(
+        "%s (%s images/s over %d batches)%s",
+        verdict["summary"],
+        f"{rate:.0f}" if rate else "?",
+        stats["batches"],
+        f" -> {advice}" if advice else "",
+    )
 
 
 def _take_length_check(source: Iterator[Any]) -> int | None:

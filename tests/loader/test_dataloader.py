@@ -163,6 +163,8 @@ def test_signature_is_torchs_plus_keyword_only_extras() -> None:
         "decode_on",
         "distributed",
         "seed",
+        "report_every",
+        "stall_warning",
     }
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras.values())
 

@@ -1,0 +1,221 @@
+"""Where a batch's time goes, measured where it is spent: cheap enough to leave on.
+
+A batch crosses three places, and each records its own stages:
+
+* **the worker** (or the producer thread with ``num_workers=0``): the dataset adds ``read``, ``decode``
+  and ``transform`` seconds to this thread's :func:`tally` as it works (``fastloader.datasets`` do;
+  any other dataset's time shows as ``dataset``); :class:`TimedCollate` wraps the loader's collate_fn,
+  times ``collate`` and ships the batch with its :class:`BatchTiming` in a :class:`TimedBatch`.
+  The fetch starts when the worker unpickles its indices (:class:`StampedIndices`), so the time a
+  worker spends idle, waiting for work, is never counted as work.
+* **the hand-off**: unpickling a :class:`TimedBatch` in the main process times its own arrival
+  (``handoff``: rebuilding the batch's tensors from shared memory, or unpickling bytes), and torch's
+  pin-memory thread calls :meth:`TimedBatch.pin_memory` (``pin``).
+* **the main process**: DataLoaderX's producer thread unwraps the batch and times the copy to the GPU
+  (``h2d``); the training loop's thread times its ``wait`` for each batch and its own ``step`` between
+  batches (``fastloader.loader.stage_stats``).
+
+``perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine. Every stage
+also carries a ``torch.profiler.record_function`` label (``fastloader.read``, ...) while a profiler is
+recording in that process; the check costs nanoseconds, the label itself microseconds.
+
+Nothing here changes what the training loop receives: the wrappers exist only between torch's workers
+and DataLoaderX's producer thread, which unwraps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+import torch.autograd.profiler as _profiler
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+WORKER_STAGES = ("read", "decode", "transform", "dataset", "collate")
+MAIN_STAGES = ("handoff", "pin", "h2d")
+LOOP_STAGES = ("wait", "step")
+STAGES = WORKER_STAGES + MAIN_STAGES + LOOP_STAGES
+
+
+class _Tally(threading.local):
+    """Seconds the dataset spent in each stage since the last batch was collated, in this thread."""
+
+    def __init__(self) -> None:
+        self.fetch_start: float | None = None
+        self.read = 0.0
+        self.decode = 0.0
+        self.transform = 0.0
+
+
+_TALLY = _Tally()
+
+
+def tally() -> _Tally:
+    """This thread's running tally (datasets add to ``read``, ``decode`` and ``transform``)."""
+    return _TALLY
+
+
+def profiling() -> bool:
+    """True while a torch profiler records in this process (then stages carry labels)."""
+    return _profiler._is_profiler_enabled
+
+
+@contextlib.contextmanager
+def labelled(stage: str) -> Iterator[None]:
+    """``record_function("fastloader.<stage>")`` while a profiler records; nothing otherwise."""
+    if not _profiler._is_profiler_enabled:
+        yield
+        return
+    with _profiler.record_function(f"fastloader.{stage}"):
+        yield
+
+
+class timed:
+    """``with timed("read"): ...`` adds the block's seconds to this thread's tally (a dataset stage)
+    and labels it for a recording profiler."""
+
+    __slots__ = ("stage", "start", "label")
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def __enter__(self) -> None:
+        self.label = _profiler.record_function(f"fastloader.{self.stage}") if _profiler._is_profiler_enabled else None
+        if self.label is not None:
+            self.label.__enter__()
+        self.start = perf_counter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        elapsed = perf_counter() - self.start
+        setattr(_TALLY, self.stage, getattr(_TALLY, self.stage) + elapsed)
+        if self.label is not None:
+            self.label.__exit__(*exc_info)
+
+
+@dataclass
+class BatchTiming:
+    """One batch's seconds in each stage (None: not measured for this batch), and where it came from."""
+
+    images: int
+    worker: int | None = None  # torch's worker id; None for num_workers=0
+    done_at: float = 0.0  # perf_counter when the worker finished collating
+    read: float = 0.0
+    decode: float = 0.0
+    transform: float = 0.0
+    dataset: float | None = None  # the rest of the fetch; None when its start is unknown
+    collate: float = 0.0
+    handoff: float = 0.0
+    pin: float = 0.0
+    h2d: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class TimedBatch:
+    """A collated batch travelling with its timing, from the worker to DataLoaderX's producer thread.
+
+    Deliberately neither a sequence nor a mapping: torch's pin-memory thread then calls
+    :meth:`pin_memory`, which pins the batch inside (as torch would have) and times it.
+    """
+
+    __slots__ = ("batch", "timing")
+
+    def __init__(self, batch: Any, timing: BatchTiming) -> None:
+        self.batch = batch
+        self.timing = timing
+
+    def pin_memory(self) -> TimedBatch:
+        start = perf_counter()
+        with labelled("pin"):
+            self.batch = _pin_memory(self.batch)
+        self.timing.pin += perf_counter() - start
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., TimedBatch], tuple[Any, ...]]:
+        # Unpickling calls perf_counter() first (the arrival starts), then rebuilds the batch, then
+        # _arrived: the difference is the hand-off's cost in the receiving process.
+        return _arrived, (_Now(), self.batch, self.timing)
+
+
+class _Now:
+    """Unpickles to the receiving process's ``perf_counter()`` at that moment."""
+
+    def __reduce__(self) -> tuple[Callable[[], float], tuple[()]]:
+        return perf_counter, ()
+
+
+def _arrived(started: float, batch: Any, timing: BatchTiming) -> TimedBatch:
+    timing.handoff = perf_counter() - started
+    return TimedBatch(batch, timing)
+
+
+class StampedIndices(list[Any]):
+    """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch."""
+
+    def __reduce__(self) -> tuple[Callable[[list[Any]], list[Any]], tuple[list[Any]]]:
+        return _fetch_begins, (list(self),)
+
+
+def _fetch_begins(indices: list[Any]) -> list[Any]:
+    start = _TALLY
+    start.fetch_start = perf_counter()
+    start.read = start.decode = start.transform = 0.0
+    return indices  # a plain list: the dataset sees exactly what torch's sampler made
+
+
+class StampingSampler:
+    """The loader's index sampler, its batches marking when each fetch starts (see :class:`StampedIndices`).
+
+    With worker processes the mark is made by the worker on unpickling; without, the producer thread
+    runs the fetch right after taking the indices from here, so it marks the start itself.
+    """
+
+    def __init__(self, inner: Any, in_workers: bool) -> None:
+        self.inner = inner
+        self.in_workers = in_workers
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.in_workers:
+            for indices in self.inner:
+                yield StampedIndices(indices) if type(indices) is list else indices
+        else:
+            for indices in self.inner:
+                _fetch_begins([])
+                yield indices
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+class TimedCollate:
+    """The loader's collate_fn, timed; returns :class:`TimedBatch` (unwrapped by DataLoaderX)."""
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, samples: Any) -> TimedBatch:
+        start = perf_counter()
+        counted = _TALLY
+        with labelled("collate"):
+            batch = self.inner(samples)
+        done = perf_counter()
+        info = get_worker_info()
+        timing = BatchTiming(
+            images=len(samples) if isinstance(samples, list) else 1,
+            worker=info.id if info is not None else None,
+            done_at=done,
+            read=counted.read,
+            decode=counted.decode,
+            transform=counted.transform,
+            collate=done - start,
+        )
+        if counted.fetch_start is not None:
+            fetch = start - counted.fetch_start
+            timing.dataset = max(0.0, fetch - counted.read - counted.decode - counted.transform)
+        counted.fetch_start = None
+        counted.read = counted.decode = counted.transform = 0.0
+        return TimedBatch(batch, timing)

@@ -1,0 +1,135 @@
+"""The verdict: is training waiting for data, which stage is the limit, and what to do about it.
+
+The grade comes from the training loop's wait fraction, with the thresholds of TensorFlow's input
+pipeline analyser: under 5% of its time waiting, *not input-bound*; 5 to 20%, *moderately*; 20% or
+more, *highly input-bound*.
+
+The limit is found by capacity, not by the largest number: worker stages (read, decode, transform,
+the rest of the dataset, collate) run in parallel on ``min(num_workers, usable cores)`` processes,
+while the hand-off, pinning and the copy run one batch at a time in the main process. The side with
+the lower images/s capacity is the limit; its slowest stage is named, with one next step drawn from
+the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastloader.loader.stage_clock import MAIN_STAGES, WORKER_STAGES
+
+MODERATE, HIGH = 0.05, 0.20
+NOT_BOUND, MODERATELY, HIGHLY = "not input-bound", "moderately input-bound", "highly input-bound"
+BUSY = 0.85  # mean use of the usable cores above which "every core is busy"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the verdict needs to know of the loader and the machine besides the stage times."""
+
+    num_workers: int
+    usable_cores: int
+    pin_memory: bool = False
+    to_gpu: bool = False
+    cores_busy: float | None = None  # mean use of the usable cores, 0..1, over the measured time
+    small_files: bool = False  # an image folder or file list: one file per image
+
+
+@dataclass
+class Verdict:
+    level: str
+    wait_fraction: float | None
+    bottleneck: str | None
+    summary: str
+    advice: list[str] = field(default_factory=list)
+    capacity: dict[str, float | None] = field(default_factory=dict)  # images/s the workers / main could give
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def grade(wait_fraction: float | None) -> str:
+    if wait_fraction is None or wait_fraction < MODERATE:
+        return NOT_BOUND
+    return MODERATELY if wait_fraction < HIGH else HIGHLY
+
+
+def judge(summary: Mapping[str, Any], setting: Setting) -> Verdict:
+    """The verdict on ``summary`` (``StageStats.summary()``, or the doctor's)."""
+    stages: Mapping[str, Any] = summary.get("stages", {})
+    cost = {name: (stages.get(name) or {}).get("per_image_ms") or 0.0 for name in WORKER_STAGES + MAIN_STAGES}
+    wait = summary.get("wait_fraction")
+    level = grade(wait)
+    parallel = max(1, min(setting.num_workers, setting.usable_cores))
+    worker_ms = sum(cost[s] for s in WORKER_STAGES)
+    main_ms = sum(cost[s] for s in MAIN_STAGES)
+    if setting.num_workers == 0:  # everything runs one image at a time in the main process
+        worker_capacity = main_capacity = _rate(worker_ms + main_ms)
+    else:
+        worker_capacity, main_capacity = _rate(worker_ms / parallel), _rate(main_ms)
+    capacity = {"workers": worker_capacity, "main": main_capacity}
+    side: tuple[str, ...]
+    if setting.num_workers > 0 and main_ms > 0 and (worker_ms == 0 or main_ms > worker_ms / parallel):
+        side = MAIN_STAGES
+    else:
+        side = WORKER_STAGES if setting.num_workers > 0 else WORKER_STAGES + MAIN_STAGES
+    bottleneck = max(side, key=lambda s: cost[s]) if any(cost[s] > 0 for s in side) else None
+    share = f"{100 * wait:.0f}%" if wait is not None else "an unknown share"
+    if level == NOT_BOUND:
+        return Verdict(
+            level,
+            wait,
+            "step" if wait is not None else bottleneck,
+            f"not input-bound: the training loop waits {share} of its time; the step is the limit",
+            ["nothing to do on the input side: the loader keeps up"] if wait is not None else [],
+            capacity,
+        )
+    where = "in the main process" if bottleneck in MAIN_STAGES else "in the workers"
+    text = f"{level}: the training loop waits {share} of its time"
+    if bottleneck is not None:
+        text += f"; {bottleneck} is the slowest stage ({cost[bottleneck]:.2f} ms/image {where})"
+    return Verdict(level, wait, bottleneck, text, _advice(bottleneck, setting), capacity)
+
+
+def _rate(ms_per_image: float) -> float | None:
+    return 1000.0 / ms_per_image if ms_per_image > 0 else None
+
+
+def _advice(bottleneck: str | None, setting: Setting) -> list[str]:
+    cores = setting.usable_cores
+    idle = setting.num_workers < cores or (setting.cores_busy is not None and setting.cores_busy < BUSY)
+    more_workers = (
+        f"more workers: num_workers={max(cores, setting.num_workers + 1)} (or num_workers='auto', which measures)"
+    )
+    if bottleneck is None:
+        return [more_workers] if idle else []
+    if setting.num_workers == 0 and cores > 1:
+        return [f"decode in parallel: num_workers={cores} (or 'auto'); now everything runs in the training process"]
+    if bottleneck == "read":
+        if setting.small_files:
+            return ["many small files: `fastloader pack` them into an LMDB or tar shards (sequential reads)"]
+        advice = ["storage is the limit: faster or local storage (copy the packed dataset to local disk)"]
+        return advice + ([more_workers + " to hide read latency"] if idle else [])
+    if bottleneck in ("decode", "transform", "dataset"):
+        if idle:
+            return [more_workers]
+        return [
+            "every core is busy: pack with `fastloader pack --resize-max-side 256` (smaller JPEGs decode faster),"
+            " or decode on the GPU with decode_on='cuda'"
+            + ("; fastloader.transforms fuse the crop and resize with the decode" if bottleneck == "transform" else "")
+        ]
+    if bottleneck == "collate":
+        return [
+            "collate is the limit: fastloader datasets with fastloader.transforms hand over pre-assembled uint8"
+            " batches (no per-sample tensors to stack)"
+        ]
+    if bottleneck in ("handoff", "pin"):
+        return [
+            "the hand-off to the training process is the limit: send uint8 batches (fastloader.transforms, and"
+            " normalize=(mean, std) on DataLoaderX normalizes after the copy): 4x fewer bytes than float32"
+        ]
+    # h2d: the copy to the GPU
+    if not setting.pin_memory:
+        return ["the copy is not overlapped: pin_memory=True lets it run on the side stream while the GPU computes"]
+    return ["the copy to the GPU is the limit: send uint8 batches (4x fewer bytes than float32), normalize on the GPU"]
