@@ -418,7 +418,8 @@ class _PrefetchIterator(Iterator[Any]):
     def __next__(self) -> Any:
         asked = time.perf_counter()
         try:
-            item = next(self._background)
+            with labelled("wait"):
+                item = next(self._background)
         except StopIteration:
             self._progress.done = True
             # The producer has handed over its last word; it stops the workers on its own, which

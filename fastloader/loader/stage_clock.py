@@ -17,7 +17,9 @@ A batch crosses three places, and each records its own stages:
 
 ``perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine. Every stage
 also carries a ``torch.profiler.record_function`` label (``fastloader.read``, ...) while a profiler is
-recording in that process; the check costs nanoseconds, the label itself microseconds.
+recording in that process; the check costs nanoseconds, the label itself microseconds. torch's profiler
+records the thread it was started in: a trace of the training loop shows ``fastloader.wait``; the
+stages of a worker show in a profile taken in that worker (or wherever the dataset runs).
 
 Nothing here changes what the training loop receives: the wrappers exist only between torch's workers
 and DataLoaderX's producer thread, which unwraps them.
