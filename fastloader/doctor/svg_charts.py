@@ -320,7 +320,7 @@ def heatmap_chart(
     long run on 128 cores would be tens of thousands of rects.
     """
     rows = max([len(v) for _, v in samples] + [len(means)], default=0)
-    if rows == 0:
+    if not any(v is not None for _, values in samples for v in values) and not any(m is not None for m in means):
         return no_data(kind, title, width)
     left, right, top = 70, 180, 46
     row_h = min(max(240 / rows, 3.0), 18.0)
