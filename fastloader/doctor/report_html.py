@@ -152,7 +152,8 @@ def _verdict(result: Mapping[str, Any]) -> str:
     verdict, throughput = _map(result.get("verdict")), _map(result.get("throughput"))
     level = verdict.get("level")
     css = LEVEL_CLASS.get(str(level).strip().lower(), "unknown")
-    wait = verdict.get("wait_fraction", throughput.get("wait_fraction"))
+    wait = verdict.get("wait_fraction")
+    wait = throughput.get("wait_fraction") if wait is None else wait
     advice = "".join(f"<li>{_text(a)}</li>" for a in _list(verdict.get("advice")))
     stats = [
         ("images/s", fmt(num(throughput.get("images_per_s")))),
@@ -314,6 +315,7 @@ def _tables(result: Mapping[str, Any]) -> str:
 
 def render_report(result: Mapping[str, Any]) -> str:
     """The whole report page as HTML text; never raises on missing keys or None numbers."""
+    result = _map(result)  # a result that is not even a dict (JSON "null") still renders an empty page
     path = _map(result.get("dataset")).get("path")
     title = f"fastloader doctor: {path}" if path is not None else "fastloader doctor"
     return (

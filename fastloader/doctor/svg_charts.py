@@ -38,6 +38,7 @@ _HEAT_STOPS = (
 # megabytes of circles while adding nothing visible at 500 px.
 MAX_LINE_POINTS = 600
 MAX_HEAT_COLUMNS = 120
+MAX_HEAT_CELLS = 12_000  # a 256-core machine gets fewer, wider time bins rather than a 3 MB page
 
 
 def num(value: object) -> float | None:
@@ -74,6 +75,8 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
         pad = abs(hi) * 0.1 or 1.0
         lo, hi = (0.0, hi + pad) if lo >= 0 and lo - pad < 0 else (lo - pad, hi + pad)
     raw = (hi - lo) / count
+    if not math.isfinite(raw) or raw <= 0:  # a span past float range (1e308 - -1e308): no round steps exist
+        return [lo, hi]
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
@@ -331,7 +334,7 @@ def heatmap_chart(
     ts = [t for t, _ in samples]
     if samples:
         t0, t1 = min(ts), max(ts)
-        ncols = min(len(samples), MAX_HEAT_COLUMNS)
+        ncols = max(1, min(len(samples), MAX_HEAT_COLUMNS, MAX_HEAT_CELLS // rows))
         sums = [[0.0] * rows for _ in range(ncols)]
         counts = [[0] * rows for _ in range(ncols)]
         for t, values in samples:
