@@ -4,5 +4,6 @@
   times, throughput over time, CPU per core, memory and GPU use, and the verdict;
 * ``environment.py``: the traps of the machine (``/dev/shm``, open-files limit, CPU quota);
 * ``storage.py``: sequential and random read speed of the dataset's source;
-* ``report_html.py``: the self-contained HTML report; ``bench.py``: torch's stock loader against DataLoaderX.
+* ``report_html.py`` (charts in ``svg_charts.py``): the self-contained HTML report;
+* ``bench.py``: torch's stock loader against DataLoaderX on the same data, as a ratio.
 """
