@@ -52,7 +52,9 @@ def test_the_users_collate_and_worker_init_stay_the_loaders_attributes() -> None
     loader = DataLoaderX(Squares(), batch_size=5, num_workers=2, collate_fn=collate_pairs, worker_init_fn=add_offset)
     ours = [batch for batch in loader]
     assert loader.collate_fn is collate_pairs and loader.worker_init_fn is add_offset
-    theirs = list(DataLoader(Squares(), batch_size=5, num_workers=2, collate_fn=collate_pairs, worker_init_fn=add_offset))
+    theirs = list(
+        DataLoader(Squares(), batch_size=5, num_workers=2, collate_fn=collate_pairs, worker_init_fn=add_offset)
+    )
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
