@@ -1,0 +1,1 @@
+"""Diagnostics of a fastloader setup, run on the user's own data."""
