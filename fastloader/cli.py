@@ -1,4 +1,11 @@
-"""The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan`` and ``doctor``.
+"""The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan``, ``doctor`` and ``bench``.
+
+    fastloader info                 what is active: torch, CUDA, PIL flavour, libjpeg, CPUs
+    fastloader pack SRC DST         pack images into an LMDB or tar shards (resumable)
+    fastloader verify DST           check every record of a pack
+    fastloader scan SRC             decode every image of a dataset and list the bad ones
+    fastloader doctor PATH          where the time goes on your data: the slowest stage, and what to do
+    fastloader bench PATH           torch's DataLoader against DataLoaderX on your data, as a ratio
 
 Exit status: 0 on success, 1 when the command failed (an error, or ``verify`` found problems),
 2 for bad usage, 130 when interrupted (a pack then resumes when run again).
@@ -105,6 +112,65 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     else:
         print(report.format_text())
     return 0
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from fastloader.doctor.bench import bench, format_text
+
+    result = bench(
+        args.path,
+        src_format=args.src_format,
+        root=args.root,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        pipeline=args.pipeline,
+        batches=args.batches,
+        repeats=args.repeats,
+        step_ms=args.step_ms,
+    )
+    print(json.dumps(result, indent=2) if args.json else format_text(result))
+    return 0
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from fastloader.pack.engine import SOURCE_KINDS
+
+    bench = commands.add_parser(
+        "bench",
+        help="torch's DataLoader against DataLoaderX on your data, as a ratio",
+        description="Load PATH (any source `pack` reads) with torch's stock pipeline (torchvision transforms,"
+        " ToTensor, Normalize, torch's DataLoader) and with DataLoaderX (the same geometry, normalize=), the"
+        " same batch size, workers and order, runs alternated, medians; print images/s and the ratio.",
+    )
+    bench.add_argument("path", metavar="PATH", help="the dataset (as SRC of `fastloader pack`)")
+    bench.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
+    bench.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    bench.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="images per batch (default 64)")
+    bench.add_argument("--workers", type=_non_negative, metavar="N", help="worker processes (default: usable cores)")
+    bench.add_argument(
+        "--pipeline",
+        choices=("train", "eval"),
+        default="train",
+        help="train: RandomResizedCrop(224) + flip (default); eval: Resize(256) + CenterCrop(224)",
+    )
+    bench.add_argument("--batches", type=_positive, default=20, metavar="N", help="timed batches per run (default 20)")
+    bench.add_argument("--repeats", type=_positive, default=2, metavar="N", help="runs of each loader (default 2)")
+    bench.add_argument(
+        "--step-ms",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="simulated training step per batch, in milliseconds (default 0: the loaders' own rate)",
+    )
+    bench.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench.set_defaults(run=_cmd_bench)
 
 
 def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -245,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pack(commands)
     _add_scan(commands)
     _add_doctor(commands)
+    _add_bench(commands)
     verify = commands.add_parser(
         "verify",
         help="check every record of a pack (checksums, count)",
