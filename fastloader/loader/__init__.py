@@ -8,7 +8,10 @@ One epoch::
                   GPU decode (fastloader.image.gpu_decode) and normalize (normalize.py)
                     └─► bounded queue ─► training loop (dataloader.py: DataLoaderX and its iterator)
 
-Nothing here runs in a worker process; nothing here touches files.
+Around it, the stage clock (stage_clock.py, stage_stats.py) says where each batch's time goes and
+verdict.py what to do about it; autotune.py measures ``num_workers="auto"``; watchdog.py reports a stall.
+Only stage_clock's wrappers and the watchdog's stack dump run in worker processes; nothing here
+touches the dataset's files.
 """
 
 from fastloader.loader.background import BackgroundGenerator

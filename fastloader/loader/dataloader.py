@@ -88,6 +88,8 @@ class DataLoaderX(DataLoader[T_co]):
     ``state_dict()`` / ``load_state_dict()`` resume mid-epoch; see ``fastloader.loader.resume``.
     """
 
+    _stage_clock = True  # the loader's side of the stage clock; off only to measure its cost (benchmarks)
+
     def __init__(
         self,
         dataset: Dataset[T_co],
@@ -233,8 +235,9 @@ class DataLoaderX(DataLoader[T_co]):
         self._skip_batches = progress.skip
         # Only while torch's iterator takes them: the timed collate (stage_clock) and the workers'
         # stack dumps (watchdog); the loader's own attributes stay the user's.
-        collate_fn, init_fn, self._timing = self.collate_fn, self.worker_init_fn, True
-        self.collate_fn = TimedCollate(collate_fn)
+        collate_fn, init_fn, self._timing = self.collate_fn, self.worker_init_fn, self._stage_clock
+        if self._stage_clock:
+            self.collate_fn = TimedCollate(collate_fn)
         if self.stall_warning is not None and self.num_workers > 0:
             if self._stack_dir is None:
                 self._stack_dir = StackDir()
