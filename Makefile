@@ -8,8 +8,9 @@ demo: setup
 	.venv/bin/python examples/demo.py
 
 test: setup
-	.venv/bin/ruff check fastloader tests benchmarks examples
-	.venv/bin/ruff format --check fastloader tests benchmarks examples
+	bash scripts/install_test_tools.sh
+	.venv/bin/ruff check fastloader tests benchmarks examples scripts
+	.venv/bin/ruff format --check fastloader tests benchmarks examples scripts
 	.venv/bin/mypy
 	.venv/bin/python -m pytest -q
 

@@ -8,7 +8,9 @@
    DataLoader, and from fastloader's LMDBDataset + ``fastloader.transforms`` + DataLoaderX (the same
    RandomResizedCrop + flip, uint8 batches, normalized after the copy: on the GPU when there is one),
    with the same workers;
-4. prints images/s for each, and the speed-up.
+4. prints images/s for each, and the speed-up;
+5. runs ``fastloader doctor`` on the packed sample: where the time goes, the verdict, and what to do,
+   with the HTML report written beside the data (``--report``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from torchvision import transforms
 from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
+from fastloader.doctor.checkup import checkup, format_text
+from fastloader.doctor.report_html import write_report
 from fastloader.pack import pack
 from fastloader.sample import make_sample_folder
 
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch")
+    parser.add_argument("--report", default=None, help="the doctor's HTML report (default: data/doctor-report.html)")
     args = parser.parse_args()
 
     args.data = args.data or str(ROOT / "data" / f"sample-{args.images}")
@@ -92,6 +97,13 @@ def main() -> None:
     stock, ours = results.values()
     speedup = ours / stock
     print(f"speed-up: x{speedup:.2f} (num_workers={args.workers}, {torch.get_num_threads()} torch threads)")
+
+    print("\n$ fastloader doctor " + packed + " --workers auto")
+    result = checkup(packed, batch_size=args.batch_size, num_workers="auto", step_ms=args.step_ms, batches=40)
+    print(format_text(result))
+    report = args.report or str(ROOT / "data" / "doctor-report.html")
+    write_report(result, report)
+    print(f"report: {report}")
 
 
 if __name__ == "__main__":

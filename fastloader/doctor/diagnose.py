@@ -142,7 +142,7 @@ def diagnose(
             "seconds": wall,
             "wait_fraction": stats["wait_fraction"],
         },
-        "timeline": stats["timeline"],
+        "timeline": _since(stats["timeline"], sampler.started_at - loader._stage_stats.started),
         "queues": stats["queues"],
         "cpu": {
             "per_core_percent_mean": per_core_mean,
@@ -154,6 +154,11 @@ def diagnose(
         "bad_samples": stats.get("bad_samples", 0),
         "verdict": verdict,
     }
+
+
+def _since(points: list[dict[str, float]], origin: float) -> list[dict[str, float]]:
+    """The loader's timeline on the sampler's clock (both count from their own start, in monotonic time)."""
+    return [{**point, "t": point["t"] - origin} for point in points]
 
 
 def _per_core_mean(samples: list[dict[str, Any]]) -> list[float]:

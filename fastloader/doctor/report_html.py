@@ -154,6 +154,14 @@ def _verdict(result: Mapping[str, Any]) -> str:
     css = LEVEL_CLASS.get(str(level).strip().lower(), "unknown")
     wait = verdict.get("wait_fraction")
     wait = throughput.get("wait_fraction") if wait is None else wait
+    # Without a training step the loop only waits: its wait says nothing, the loader's rate does.
+    loader_only = str(level).startswith("loader only")
+    waits = (
+        f'<span class="big">{_percent(wait)} <span class="muted">of the time the training loop waits</span></span>'
+        if not loader_only
+        else f'<span class="big">{fmt(num(throughput.get("images_per_s")))} <span class="muted">images/s from the'
+        " loader alone</span></span>"
+    )
     advice = "".join(f"<li>{_text(a)}</li>" for a in _list(verdict.get("advice")))
     stats = [
         ("images/s", fmt(num(throughput.get("images_per_s")))),
@@ -165,7 +173,7 @@ def _verdict(result: Mapping[str, Any]) -> str:
     return (
         f'<section class="verdict {css}" id="verdict"><div class="top">'
         f'<span class="level">{_text(level) if level is not None else "no verdict"}</span>'
-        f'<span class="big">{_percent(wait)} <span class="muted">of the time the training loop waits</span></span>'
+        f"{waits}"
         f'<span class="big"><span class="muted">bottleneck</span> {_text(verdict.get("bottleneck"))}</span></div>'
         f'<p class="summary">{_text(verdict.get("summary")) if verdict.get("summary") is not None else ""}</p>'
         f"{f'<b>What to do</b><ul>{advice}</ul>' if advice else ''}"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import get_worker_info
 
 from fastloader.loader.nested import map_tensors
 
@@ -65,9 +66,10 @@ class NormalizeSpec:
 class Normalizer:
     """Applies a :class:`NormalizeSpec` on one device, with its constants made once."""
 
-    def __init__(self, spec: NormalizeSpec, device: torch.device) -> None:
+    def __init__(self, spec: NormalizeSpec, device: torch.device, shared: bool = False) -> None:
         self.spec = spec
         self.device = device
+        self.shared = shared  # write the output straight into shared memory (a worker's batch)
         std = torch.tensor(spec.std, dtype=torch.float32, device=device)
         mean = torch.tensor(spec.mean, dtype=torch.float32, device=device)
         # x / 255 then (x - mean) / std, as ToTensor + Normalize, folded into one multiply-add.
@@ -89,7 +91,14 @@ class Normalizer:
         # Reorder the uint8 pixels (1 byte each) before widening them, then scale in place: 2.5x
         # faster on the CPU than widening first and reordering floats (measured).
         memory_format = torch.channels_last if self.spec.channels_last else torch.contiguous_format
-        out = tensor.contiguous(memory_format=memory_format).to(self.spec.dtype)
+        pixels = tensor.contiguous(memory_format=memory_format)
+        if self.shared:
+            # A worker's batch goes to shared memory anyway: widening into it directly saves torch
+            # copying the float batch there when it sends it (a third less time, measured).
+            out = _shared_like(pixels, self.spec.dtype)
+            out.copy_(pixels)
+        else:
+            out = pixels.to(self.spec.dtype)
         return out.mul_(self._scale).add_(self._shift)
 
 
@@ -103,8 +112,16 @@ class NormalizingCollate:
 
     def __call__(self, batch: Any) -> Any:
         if self._normalizer is None:
-            self._normalizer = Normalizer(self.spec, torch.device("cpu"))
+            in_worker = get_worker_info() is not None
+            self._normalizer = Normalizer(self.spec, torch.device("cpu"), shared=in_worker)
         return self._normalizer(self.inner(batch))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"inner": self.inner, "spec": self.spec, "_normalizer": None}
+
+
+def _shared_like(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory with ``tensor``'s shape and strides (a dense layout)."""
+    size = tensor.numel() * torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(size)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tensor.shape, tensor.stride())

@@ -128,22 +128,28 @@ def _queues(loop: Sequence[tuple[float, float, float, int, int, int]]) -> dict[s
     }
 
 
-def timeline(loop: Iterable[tuple[float, float, float, int, int, int]], buckets: int = 120) -> list[dict[str, float]]:
-    """The recent deliveries as at most ``buckets`` points: time, images/s, and the queues' depth."""
+def timeline(loop: Iterable[tuple[float, float, float, int, int, int]], points: int = 120) -> list[dict[str, float]]:
+    """The recent deliveries as at most ``points`` points: time, images/s, and the queues' depth.
+
+    Each point covers a run of consecutive deliveries (at least 4); its rate is their images over the
+    time since the previous point's last delivery, so a batch that happened to be ready does not spike.
+    """
     rows = list(loop)
-    if not rows:
+    if len(rows) < 2:
         return []
-    size = max(1, -(-len(rows) // buckets))
-    points = []
-    for start in range(0, len(rows), size):
+    size = max(4, -(-len(rows) // points))
+    result = []
+    previous = rows[0][0]
+    for start in range(1, len(rows), size):
         chunk = rows[start : start + size]
-        spent = sum(row[1] + row[2] for row in chunk)
-        points.append(
+        elapsed = chunk[-1][0] - previous
+        previous = chunk[-1][0]
+        result.append(
             {
                 "t": chunk[-1][0],
-                "images_per_s": sum(row[3] for row in chunk) / spent if spent > 0 else 0.0,
+                "images_per_s": sum(row[3] for row in chunk) / elapsed if elapsed > 0 else 0.0,
                 "prefetch_queue": sum(row[4] for row in chunk) / len(chunk),
                 "worker_queue": sum(row[5] for row in chunk) / len(chunk),
             }
         )
-    return points
+    return result

@@ -48,9 +48,13 @@ def test_channels_last_and_flip() -> None:
     raw = next(iter(DataLoaderX(UInt8Images(), batch_size=8)))[0]
     flipped = next(iter(DataLoaderX(UInt8Images(), batch_size=8, normalize=(MEAN, STD), random_flip=1.0)))[0]
     torch.testing.assert_close(flipped, reference(raw).flip(-1), atol=1e-5, rtol=1e-5)
-    last = next(iter(DataLoaderX(UInt8Images(), batch_size=8, normalize=(MEAN, STD), channels_last=True)))[0]
-    assert last.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(last, reference(raw), atol=1e-5, rtol=1e-5)
+    for workers in (0, 2):  # in workers the output is written straight into shared memory
+        loader = DataLoaderX(
+            UInt8Images(), batch_size=8, normalize=(MEAN, STD), channels_last=True, num_workers=workers
+        )
+        last = next(iter(loader))[0]
+        assert last.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(last, reference(raw), atol=1e-5, rtol=1e-5)
 
 
 def test_half_of_the_images_flip_with_p_one_half() -> None:
