@@ -140,7 +140,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack.engine import SOURCE_KINDS
 
     bench = commands.add_parser(
         "bench",
@@ -149,26 +148,10 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " ToTensor, Normalize, torch's DataLoader) and with DataLoaderX (the same geometry, normalize=), the"
         " same batch size, workers and order, runs alternated, medians; print images/s and the ratio.",
     )
-    bench.add_argument("path", metavar="PATH", help="the dataset (as SRC of `fastloader pack`)")
-    bench.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
-    bench.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
-    bench.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="images per batch (default 64)")
+    _add_pipeline_arguments(bench, "simulated training step per batch (default 0: the loaders' own rate)")
     bench.add_argument("--workers", type=_non_negative, metavar="N", help="worker processes (default: usable cores)")
-    bench.add_argument(
-        "--pipeline",
-        choices=("train", "eval"),
-        default="train",
-        help="train: RandomResizedCrop(224) + flip (default); eval: Resize(256) + CenterCrop(224)",
-    )
     bench.add_argument("--batches", type=_positive, default=20, metavar="N", help="timed batches per run (default 20)")
     bench.add_argument("--repeats", type=_positive, default=2, metavar="N", help="runs of each loader (default 2)")
-    bench.add_argument(
-        "--step-ms",
-        type=_non_negative_float,
-        default=0.0,
-        metavar="MS",
-        help="simulated training step per batch, in milliseconds (default 0: the loaders' own rate)",
-    )
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.set_defaults(run=_cmd_bench)
 
@@ -236,6 +219,24 @@ def _workers_or_auto(text: str) -> int | str:
     return "auto" if text == "auto" else _non_negative(text)
 
 
+def _add_pipeline_arguments(parser: argparse.ArgumentParser, step_help: str) -> None:
+    """What `doctor` and `bench` share: the dataset, and the pipeline run over it."""
+    from fastloader.doctor.pipelines import PIPELINES
+    from fastloader.pack.engine import SOURCE_KINDS
+
+    parser.add_argument("path", metavar="PATH", help="the dataset (any SRC of `fastloader pack`)")
+    parser.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
+    parser.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    parser.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="images per batch (default 64)")
+    parser.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="train",
+        help="train: RandomResizedCrop(224) + flip (default); eval: Resize(256) + CenterCrop(224)",
+    )
+    parser.add_argument("--step-ms", type=_non_negative_float, default=0.0, metavar="MS", help=step_help)
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from fastloader.doctor.checkup import checkup, format_text
 
@@ -263,8 +264,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.doctor.checkup import PIPELINES
-    from fastloader.pack.engine import SOURCE_KINDS
 
     doctor = commands.add_parser(
         "doctor",
@@ -273,27 +272,11 @@ def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         " time goes: storage, read, decode, transform, collate, hand-off, copy; CPU per core, memory, GPU;"
         " the machine's traps; then the verdict and what to do.",
     )
-    doctor.add_argument("path", metavar="PATH", help="the dataset (as for `fastloader pack`)")
-    doctor.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
-    doctor.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
-    doctor.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="batch size (default 64)")
+    _add_pipeline_arguments(doctor, "your training step per batch, simulated (default 0: the loader alone)")
     doctor.add_argument(
         "--workers", type=_workers_or_auto, default="auto", metavar="N", help="num_workers, or auto (default)"
     )
-    doctor.add_argument(
-        "--pipeline",
-        choices=PIPELINES,
-        default="train",
-        help="train: RandomResizedCrop(224) + flip; eval: Resize(256) + CenterCrop(224)",
-    )
     doctor.add_argument("--decode-on", choices=("cpu", "cuda"), default="cpu", help="where JPEGs are decoded")
-    doctor.add_argument(
-        "--step-ms",
-        type=float,
-        default=0.0,
-        metavar="MS",
-        help="your training step per batch, simulated (default 0: the loader alone)",
-    )
     doctor.add_argument("--batches", type=_positive, default=60, metavar="N", help="batches to measure (default 60)")
     doctor.add_argument("--seconds", type=float, default=60.0, metavar="S", help="at most this long (default 60)")
     doctor.add_argument("--no-storage", action="store_true", help="skip the storage read test")

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-PIPELINES = ("train", "eval")
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, as torchvision's examples
+from fastloader.doctor.pipelines import MEAN, PIPELINES, STD, fastloader_transform, torchvision_geometry
+
 _NEEDS_TORCHVISION = "fastloader bench needs torchvision: pip install fastloader[vision]"
 
 
@@ -87,19 +87,6 @@ def _versions() -> tuple[str, str]:
     return torch.__version__, torchvision.__version__
 
 
-def _geometry(pipeline: str) -> tuple[list[Any], Any]:
-    """The pipeline's geometry as torchvision transforms, and as one fastloader transform."""
-    from torchvision import transforms as tv
-
-    from fastloader import transforms as T
-
-    if pipeline == "train":
-        return [tv.RandomResizedCrop(224), tv.RandomHorizontalFlip()], T.Compose(
-            [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
-        )
-    return [tv.Resize(256), tv.CenterCrop(224)], T.Compose([T.Resize(256), T.CenterCrop(224)])
-
-
 def _datasets(path: str, src_format: str, root: str | None, pipeline: str) -> tuple[str, Any, Any, str, str]:
     """(source kind, stock dataset, fastloader dataset, and how each is built, in words)."""
     import torchvision
@@ -109,8 +96,8 @@ def _datasets(path: str, src_format: str, root: str | None, pipeline: str) -> tu
     from fastloader.pack.engine import open_source
 
     source, kind = open_source(path, src_format, root=root)  # names the path when it cannot be read
-    geometry, ours = _geometry(pipeline)
-    theirs = tv.Compose([*geometry, tv.ToTensor(), tv.Normalize(MEAN, STD)])
+    ours = fastloader_transform(pipeline)
+    theirs = tv.Compose([*torchvision_geometry(pipeline), tv.ToTensor(), tv.Normalize(MEAN, STD)])
     if kind == "folder":
         stock = torchvision.datasets.ImageFolder(path, transform=theirs)
         return kind, stock, ImageFolder(path, transform=ours), "torchvision ImageFolder", "fastloader ImageFolder"

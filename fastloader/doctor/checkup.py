@@ -16,21 +16,8 @@ import torch
 import fastloader
 from fastloader.doctor.diagnose import diagnose
 from fastloader.doctor.environment import environment
+from fastloader.doctor.pipelines import MEAN, STD, fastloader_transform
 from fastloader.doctor.storage import read_speed
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-PIPELINES = ("train", "eval")
-
-
-def pipeline(name: str) -> Any:
-    """The fastloader transform of a named pipeline (torchvision's ImageNet recipes)."""
-    from fastloader import transforms as T
-
-    if name == "train":
-        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
-    if name == "eval":
-        return T.Compose([T.Resize(256), T.CenterCrop(224)])
-    raise ValueError(f"pipeline must be one of {', '.join(PIPELINES)}, got {name!r}")
 
 
 def checkup(
@@ -57,7 +44,7 @@ def checkup(
         raise ValueError(f"{path}: the dataset is empty")
     cuda = torch.cuda.is_available()
     loader = DataLoaderX(
-        ImageDataset(source, transform=pipeline(transform)),
+        ImageDataset(source, transform=fastloader_transform(transform)),
         batch_size=batch_size,
         shuffle=True,
         num_workers=num_workers,
