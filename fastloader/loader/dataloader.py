@@ -32,7 +32,7 @@ from fastloader.loader.nested import iter_tensors
 from fastloader.loader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
 from fastloader.loader.resume import Progress, apply_state, begin, state_of
 from fastloader.loader.stage_clock import StampingSampler, TimedBatch, TimedCollate, labelled
-from fastloader.loader.stage_stats import StageStats
+from fastloader.loader.stage_stats import Mark, StageStats
 from fastloader.loader.verdict import Setting, judge
 from fastloader.loader.watchdog import StackDir, StackDumpInit, report_stall
 from fastloader.samplers._epoch import check_nonnegative_int
@@ -193,6 +193,7 @@ class DataLoaderX(DataLoader[T_co]):
         self.stall_warning = stall_warning
         self._stack_dir: StackDir | None = None  # where workers dump their stacks (watchdog), made on demand
         self._stage_stats = StageStats()
+        self._report_mark: Mark | None = None  # where the last report_every verdict ended
         self._cpu_meter: Any = None  # a CpuMeter from the first iter(): how busy the cores were
         self._user_batch_sampler = batch_sampler is not None
         self._epoch = 0  # the epoch of the current (or next) iteration
@@ -374,6 +375,7 @@ class DataLoaderX(DataLoader[T_co]):
         state["_live"] = None
         state["_cpu_meter"] = None
         state["_stack_dir"] = None
+        state["_report_mark"] = None
         return state
 
 
@@ -502,6 +504,7 @@ def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageSta
     timing = None
     if isinstance(item, TimedBatch):
         item, timing = item.batch, item.timing
+        timing.images = _batch_size(item)  # counted as the training loop counts them
     if copier is not None:
         start = time.perf_counter()
         with labelled("h2d"):
@@ -563,15 +566,17 @@ def _report(loader: weakref.ref[DataLoaderX[Any]]) -> None:
     owner = loader()
     if owner is None:
         return
-    stats = owner.stats()
-    verdict = stats["verdict"]
-    advice = "; ".join(verdict["advice"])
-    rate = stats["images_per_s"]
+    clock = owner._stage_stats
+    window = clock.summary(since=owner._report_mark)
+    owner._report_mark = clock.mark()
+    verdict = judge(window, owner._setting())
+    advice = "; ".join(verdict.advice)
+    rate = window["images_per_s"]
     log.info(
-        "%s (%s images/s over %d batches)%s",
-        verdict["summary"],
+        "%s (%s images/s over the last %d batches)%s",
+        verdict.summary,
         f"{rate:.0f}" if rate else "?",
-        stats["batches"],
+        window["batches"],
         f" -> {advice}" if advice else "",
     )
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastloader.loader.stage_clock import LOOP_STAGES, MAIN_STAGES, WORKER_STAGES, BatchTiming
@@ -34,6 +35,17 @@ def percentiles(values: Sequence[float]) -> dict[str, float] | None:
     ordered = sorted(values)
     last = len(ordered) - 1
     return {f"p{p}": ordered[min(last, round(p / 100 * last))] for p in (50, 90, 99)}
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A copy of the counters of a :class:`StageStats` at one moment."""
+
+    totals: dict[str, float]
+    measured: dict[str, int]
+    images: int
+    batches: int
+    produced: int
 
 
 class StageStats:
@@ -82,12 +94,25 @@ class StageStats:
         """Batches the training loop received."""
         return self._batches
 
-    def summary(self) -> dict[str, Any]:
-        """Totals, per-image and per-batch figures of every stage, rates and the recent timeline."""
+    def mark(self) -> Mark:
+        """Where the account stands now: ``summary(since=mark)`` covers only what came after."""
+        with self._lock:
+            return Mark(dict(self._totals), dict(self._measured), self._images, self._batches, self._produced_images)
+
+    def summary(self, since: Mark | None = None) -> dict[str, Any]:
+        """Totals, per-image and per-batch figures of every stage, rates and the recent timeline; of
+        everything, or of what came after ``since`` (a :meth:`mark`)."""
         with self._lock:
             totals, measured = dict(self._totals), dict(self._measured)
             recent, loop = list(self._recent), list(self._loop)
             images, batches, produced = self._images, self._batches, self._produced_images
+        if since is not None:
+            new_produced = measured["collate"] - since.measured["collate"]  # every produced batch has a collate
+            recent = recent[len(recent) - min(len(recent), new_produced) :]
+            loop = loop[len(loop) - min(len(loop), batches - since.batches) :]
+            totals = {stage: total - since.totals[stage] for stage, total in totals.items()}
+            measured = {stage: count - since.measured[stage] for stage, count in measured.items()}
+            images, batches, produced = images - since.images, batches - since.batches, produced - since.produced
         loop_time = totals["wait"] + totals["step"]
         stages: dict[str, Any] = {}
         for stage, total in totals.items():

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from fastloader import DataLoaderX
-from fastloader.loader.stage_clock import StampedIndices, TimedBatch, TimedCollate, tally
-from fastloader.loader.stage_stats import percentiles
+from fastloader.loader.stage_clock import BatchTiming, StampedIndices, TimedBatch, TimedCollate, tally
+from fastloader.loader.stage_stats import StageStats, percentiles
 from tests.doctor.pipelines import dataset
 from tests.toy_datasets import Slow, Squares, add_offset
 
@@ -85,6 +85,22 @@ def test_stamped_indices_arrive_as_a_plain_list_and_mark_the_fetch() -> None:
     assert tally().fetch_start is not None and tally().fetch_start <= time.perf_counter()
 
 
+def test_a_summary_since_a_mark_covers_only_what_came_after() -> None:
+    stats = StageStats()
+    for decode in (1.0, 1.0):
+        stats.add_batch(BatchTiming(images=4, decode=decode, collate=0.1))
+        stats.add_delivery(0.5, 0.5, 4, 0, 0)
+    mark = stats.mark()
+    stats.add_batch(BatchTiming(images=4, decode=0.2, collate=0.1))
+    stats.add_delivery(0.1, 0.9, 4, 0, 0)
+    window, everything = stats.summary(since=mark), stats.summary()
+    assert window["batches"] == 1 and window["images"] == 4 and everything["batches"] == 3
+    assert window["stages"]["decode"]["total_s"] == pytest.approx(0.2)
+    assert window["stages"]["decode"]["per_image_ms"] == pytest.approx(50.0)  # 0.2 s over 4 images
+    assert window["stages"]["decode"]["per_batch_ms"]["p99"] == pytest.approx(200.0)  # not the earlier 1 s
+    assert window["wait_fraction"] == pytest.approx(0.1) and everything["wait_fraction"] == pytest.approx(1.1 / 3)
+
+
 def test_percentiles() -> None:
     assert percentiles([]) is None
     assert percentiles([5.0]) == {"p50": 5.0, "p90": 5.0, "p99": 5.0}
@@ -98,6 +114,6 @@ def test_report_every_logs_the_verdict(caplog: pytest.LogCaptureFixture) -> None
         list(loader)
     reports = [r.getMessage() for r in caplog.records if "images/s over" in r.getMessage()]
     assert len(reports) == 2  # batches 5 and 10 of 12
-    assert "input-bound" in reports[0] and "over 5 batches" in reports[0]
+    assert "input-bound" in reports[0] and all("over the last 5 batches" in r for r in reports)
     with pytest.raises(ValueError, match="report_every"):
         DataLoaderX(dataset(None), report_every=0)

@@ -1,0 +1,57 @@
+"""The verdict: the grade from the wait, the limit by capacity, and one next step drawn from the figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fastloader.loader.verdict import HIGHLY, MODERATELY, NOT_BOUND, Setting, grade, judge
+
+
+def summary(wait: float, **per_image_ms: float) -> dict[str, Any]:
+    return {"wait_fraction": wait, "stages": {name: {"per_image_ms": ms} for name, ms in per_image_ms.items()}}
+
+
+@pytest.mark.parametrize(
+    ("wait", "level"), [(None, NOT_BOUND), (0.0, NOT_BOUND), (0.049, NOT_BOUND), (0.05, MODERATELY), (0.2, HIGHLY)]
+)
+def test_grades_are_tensorflows_thresholds(wait: float | None, level: str) -> None:
+    assert grade(wait) == level
+
+
+def test_not_input_bound_names_the_step() -> None:
+    verdict = judge(summary(0.01, decode=3.0), Setting(num_workers=4, usable_cores=4))
+    assert verdict.level == NOT_BOUND and verdict.bottleneck == "step"
+    assert "keeps up" in verdict.advice[0]
+
+
+@pytest.mark.parametrize(
+    ("figures", "setting", "bottleneck", "advice"),
+    [
+        ({"read": 5.0, "decode": 1.0}, Setting(4, 4, small_files=True), "read", "fastloader pack"),
+        ({"read": 5.0, "decode": 1.0}, Setting(4, 4, cores_busy=0.3), "read", "storage is the limit"),
+        ({"decode": 3.0, "read": 0.1}, Setting(2, 8, cores_busy=0.3), "decode", "num_workers=8"),
+        ({"decode": 3.0, "read": 0.1}, Setting(8, 8, cores_busy=0.97), "decode", "resize-max-side"),
+        ({"transform": 3.0, "decode": 1.0}, Setting(8, 8, cores_busy=0.97), "transform", "fuse the crop"),
+        ({"collate": 3.0, "decode": 1.0}, Setting(8, 8, cores_busy=0.97), "collate", "pre-assembled uint8"),
+        # 8 workers make 1 ms/image of decode cost 0.125 ms: the 0.5 ms hand-off in the main process is the limit
+        ({"decode": 1.0, "handoff": 0.5}, Setting(8, 8, cores_busy=0.9), "handoff", "uint8 batches"),
+        ({"decode": 1.0, "h2d": 0.5}, Setting(8, 8, pin_memory=False, to_gpu=True), "h2d", "pin_memory=True"),
+        ({"decode": 1.0, "h2d": 0.5}, Setting(8, 8, pin_memory=True, to_gpu=True), "h2d", "4x fewer bytes"),
+        ({"decode": 3.0, "handoff": 0.0}, Setting(0, 4), "decode", "num_workers=4"),
+    ],
+)
+def test_the_limit_and_its_next_step(figures: dict[str, float], setting: Setting, bottleneck: str, advice: str) -> None:
+    verdict = judge(summary(0.5, **figures), setting)
+    assert verdict.level == HIGHLY
+    assert verdict.bottleneck == bottleneck
+    assert advice in " ".join(verdict.advice), verdict.advice
+    assert bottleneck in verdict.summary
+
+
+def test_capacity_counts_the_workers_in_parallel() -> None:
+    verdict = judge(summary(0.3, decode=4.0, handoff=0.2), Setting(num_workers=4, usable_cores=4))
+    assert verdict.capacity["workers"] == pytest.approx(1000.0)  # 4 workers at 4 ms per image
+    assert verdict.capacity["main"] == pytest.approx(5000.0)
+    assert verdict.bottleneck == "decode"
