@@ -20,19 +20,19 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_sample_folder(tmp_path_factory.mktemp("doctor") / "photos", 40)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["folder", "lmdb"])
+@pytest.mark.parametrize("packed", [None, "lmdb", "tar"], ids=["folder", "lmdb", "tar"])
 def test_json_validates_against_the_schema(
-    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], packed: bool
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], packed: str | None
 ) -> None:
     path = photos
     if packed:
-        path = tmp_path / "photos.lmdb"
-        pack(str(photos), str(path), progress=False)
+        path = tmp_path / f"photos.{packed}"
+        pack(str(photos), str(path), format=packed, progress=False)
     args = [str(path), "--workers", "1", "--batch-size", "8", "--batches", "6", "--step-ms", "5", "--json"]
     assert main(["doctor", *args]) == 0
     result = json.loads(capsys.readouterr().out)
     jsonschema.validate(result, SCHEMA)
-    assert result["dataset"] == {"path": str(path), "format": "lmdb" if packed else "folder", "images": 40}
+    assert result["dataset"] == {"path": str(path), "format": packed or "folder", "images": 40}
     assert result["throughput"]["batches"] == 6 and result["storage"]["sequential"]["files"] > 0
     assert result["stages"]["decode"]["per_image_ms"] > 0 and result["verdict"]["advice"] is not None
 
