@@ -88,6 +88,16 @@ def _build_catalog(
     path: Path, shards: Sequence[str], image_exts: Sequence[str], index_paths: Sequence[str] | None
 ) -> None:
     indexes = [load_shard_index(s, index_paths[i] if index_paths else None, image_exts) for i, s in enumerate(shards)]
+    # The shard states actually indexed, so that a shard changed meanwhile triggers a rebuild.
+    identities = [
+        [os.path.abspath(s), index.meta["shard_size"], index.meta["shard_mtime_ns"]]
+        for s, index in zip(shards, indexes)
+    ]
+    write_catalog(path, indexes, identities, image_exts)
+
+
+def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any], image_exts: Sequence[str]) -> None:
+    """One catalog of the shard ``indexes`` (in order); ``identities`` say which shard states they index."""
     exts: list[str] = []
     for index in indexes:
         exts.extend(ext for ext in index.meta["exts"] if ext not in exts)
@@ -116,11 +126,7 @@ def _build_catalog(
             [(index.arrays["source_key_blob"], index.arrays["source_key_offsets"]) for index in indexes]
         )
     meta = {
-        # The shard states actually indexed, so that a shard changed meanwhile triggers a rebuild.
-        "shards": [
-            [os.path.abspath(s), index.meta["shard_size"], index.meta["shard_mtime_ns"]]
-            for s, index in zip(shards, indexes)
-        ],
+        "shards": identities,
         "image_exts": list(image_exts),
         "exts": exts,
         "no_image": sum(int(index.meta["no_image"]) for index in indexes),
@@ -151,24 +157,28 @@ def load_catalog(
     return cached_index(path, lambda: _current_catalog(path, stats), build)
 
 
-def _open_catalog(path: str, count: int) -> IndexFile:
+def open_catalog(path: str, count: int) -> IndexFile:
     catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
     if int(catalog.arrays["starts"][-1]) != count:
         raise FormatError(f"{path}: the shards changed since this dataset was created; create it again")
     return catalog
 
 
-class _OpenShards:
-    """Read-only descriptors of the shards this process reads, the least recently used closed first."""
+class OpenShards:
+    """Read-only descriptors of the shards this process reads, the least recently used closed first.
 
-    def __init__(self, paths: tuple[str, ...]) -> None:
-        self._paths = paths
+    ``locate(shard)`` gives the local file of shard number ``shard`` (a path; for remote shards, the
+    shard cache's file, fetched on a miss); it is asked again only when the descriptor was closed.
+    """
+
+    def __init__(self, locate: Callable[[int], str]) -> None:
+        self._locate = locate
         self._fds: OrderedDict[int, int] = OrderedDict()
 
     def pread(self, shard: int, size: int, offset: int) -> bytes:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self._paths[shard], os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._fds[shard] = os.open(self._locate(shard), os.O_RDONLY | os.O_CLOEXEC)
             if len(self._fds) > _MAX_OPEN_SHARDS:
                 os.close(self._fds.popitem(last=False)[1])
         else:
@@ -213,14 +223,18 @@ class TarShardSource:
         self._exts: list[str] = list(catalog.meta["exts"])
         self.no_image: int = catalog.meta["no_image"]  # samples skipped: no image member
         self.ignored: int = catalog.meta["ignored"]  # unsafe or non-regular members ignored
-        self._catalog = ProcessLocal(partial(_open_catalog, catalog.path, self._length))
-        self._files = ProcessLocal(partial(_OpenShards, tuple(self.shards)))
+        self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
+        self._files = ProcessLocal(partial(OpenShards, tuple(self.shards).__getitem__))
 
     def __len__(self) -> int:
         return self._length
 
     def __repr__(self) -> str:
         return f"TarShardSource({self._length} samples in {len(self.shards)} shards)"
+
+    def shard_starts(self) -> np.ndarray:
+        """Where each shard's samples start, and the total at the end (for shard-aware samplers)."""
+        return self._starts.copy()
 
     def _shard_of(self, index: int) -> int:
         return int(np.searchsorted(self._starts, index, side="right")) - 1
@@ -265,6 +279,11 @@ class TarShardDataset(ImageDataset[Any]):
 
     ``classes`` / ``class_to_idx`` come from the manifest of a ``fastloader pack`` directory (None
     for plain shards, whose ``.cls`` members hold bare integers).
+
+    ``pattern`` may be an ``s3://bucket/prefix`` (see ``fastloader.datasets.remote_tar``): shards are read
+    through a local shard cache (``cache``: its directory, ``cache_limit``: its size in bytes) from the
+    store at ``endpoint_url`` (default: the environment's ``AWS_ENDPOINT_URL``, else AWS). Read them in a
+    shard-aware order: ``fastloader.samplers.ShardWindowSampler(dataset)``.
     """
 
     def __init__(
@@ -276,8 +295,20 @@ class TarShardDataset(ImageDataset[Any]):
         *,
         image_exts: Sequence[str] | None = None,
         index_paths: Sequence[str | os.PathLike[str]] | None = None,
+        endpoint_url: str | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
-        source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
+        source: Any
+        if isinstance(pattern, str) and pattern.startswith("s3://"):
+            from fastloader.datasets.remote_tar import DEFAULT_CACHE_LIMIT, RemoteTarShardSource
+
+            limit = DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit
+            source = RemoteTarShardSource(
+                pattern, image_exts=image_exts, endpoint_url=endpoint_url, cache=cache, cache_limit=limit
+            )
+        else:
+            source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
         super().__init__(source, transform, target_transform, decode)
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

@@ -14,6 +14,7 @@ whole order of an epoch as a numpy array: int32 while indices fit, else int64) a
 from fastloader.samplers._epoch import SamplerState
 from fastloader.samplers.basic import RandomSampler, SequentialSampler
 from fastloader.samplers.distributed import DistributedSampler
+from fastloader.samplers.shard_window import ShardWindowSampler
 from fastloader.samplers.torch_random import TorchRandomSampler
 from fastloader.samplers.weighted import WeightedRandomSampler, class_balanced_weights
 
@@ -22,6 +23,7 @@ __all__ = [
     "RandomSampler",
     "SamplerState",
     "SequentialSampler",
+    "ShardWindowSampler",
     "TorchRandomSampler",
     "WeightedRandomSampler",
     "class_balanced_weights",

@@ -1,0 +1,8 @@
+"""Object storage (S3-compatible): where a dataset lives when it is not on a local disk.
+
+* ``url.py``: ``s3://bucket/prefix`` addresses;
+* ``retry.py``: which failures are retried (throttling, timeouts, reset connections, truncated bodies),
+  with exponential backoff and full jitter, and the error that names the object when the budget is spent;
+* ``s3.py``: the client (boto3, made after fork in each process): ranged and whole-object reads with
+  their length checked, parallel ranged downloads, listing, uploads (multipart for large files).
+"""
