@@ -186,8 +186,14 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pack.add_argument("src", metavar="SRC", help="what to read (see sources below)")
-    pack.add_argument("dst", metavar="DST", help="the output directory (created; an unfinished one is resumed)")
-    pack.add_argument("--format", choices=("lmdb", "tar"), default="lmdb", help="output format (default: lmdb)")
+    pack.add_argument(
+        "dst",
+        metavar="DST",
+        help="the output directory (created; an unfinished one is resumed), or s3://bucket/prefix (tar shards)",
+    )
+    pack.add_argument(
+        "--format", choices=("lmdb", "tar"), help="output format (default: lmdb; tar for an s3:// destination)"
+    )
     pack.add_argument(
         "--resize-max-side",
         type=_positive,

@@ -178,12 +178,22 @@ class OpenShards:
     def pread(self, shard: int, size: int, offset: int) -> bytes:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self._locate(shard), os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._fds[shard] = self._open(shard)
             if len(self._fds) > _MAX_OPEN_SHARDS:
                 os.close(self._fds.popitem(last=False)[1])
         else:
             self._fds.move_to_end(shard)
         return os.pread(fd, size, offset)
+
+    def _open(self, shard: int) -> int:
+        for attempt in range(3):
+            try:
+                return os.open(self._locate(shard), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                # A cached remote shard may be evicted between its fetch and this open: fetch it again.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def __del__(self) -> None:
         # Also runs in a forked worker for the copy it inherited: closing that copy is right there.

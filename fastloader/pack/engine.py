@@ -49,6 +49,7 @@ from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
 from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
 from fastloader.pack.sink import Sink
+from fastloader.remote.url import is_remote
 from fastloader.world import usable_cpus
 
 OUTPUT_FORMATS = ("lmdb", "tar")
@@ -265,7 +266,7 @@ def pack(
     src: str | os.PathLike[str] | Source,
     dst: str | os.PathLike[str],
     *,
-    format: str = "lmdb",
+    format: str | None = None,
     resize_max_side: int | None = None,
     quality: int | None = None,
     workers: int | None = None,
@@ -278,14 +279,31 @@ def pack(
 ) -> PackSummary:
     """Pack ``src`` (a path, or any :class:`Source`) into ``dst``; resume it if an earlier run was cut short.
 
-    ``format``: ``lmdb`` or ``tar`` (shards of ``shard_size``). ``workers``: reader processes
+    ``format``: ``lmdb`` (default) or ``tar`` (shards of ``shard_size``); ``dst`` may be an
+    ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
     (default: guessed, see :func:`detect_source_kind`); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
     """
-    _check_options(format, resize_max_side, quality, workers)
     dst = os.fspath(dst)
+    if is_remote(dst):
+        from fastloader.pack.remote import pack_to_remote
+
+        return pack_to_remote(
+            src,
+            dst,
+            format=format or "tar",
+            resize_max_side=resize_max_side,
+            quality=quality,
+            workers=workers,
+            progress=progress,
+            src_format=src_format,
+            root=root,
+            shard_size=shard_size,
+        )
+    format = format or "lmdb"
+    _check_options(format, resize_max_side, quality, workers)
     options = ReencodeOptions(resize_max_side, quality)
     if isinstance(src, Source):
         source, kind, src_name = src, type(src).__name__, type(src).__name__

@@ -1,0 +1,217 @@
+"""Tar shards in S3-compatible object storage: ``TarShardDataset("s3://bucket/prefix", ...)``.
+
+The prefix holds either a ``fastloader pack --format tar`` output (its manifest names the shards and
+the classes; ``fastloader pack SRC s3://...`` also uploads each shard's index, ``<shard>.fl-idx``) or
+plain WebDataset shards (every ``*.tar`` under the prefix, in key order).
+
+* **Indexes.** Each shard's index is kept locally (``$FASTLOADER_CACHE/s3/...``). It comes from the
+  ``.fl-idx`` object beside the shard when there is one (a small GET), else from the shard itself,
+  fetched once into the shard cache and walked as a local shard is. An index is current while the
+  object's size is unchanged. The catalog of all shards is then built as for local shards.
+* **Reads.** Samples are read from whole shards in the local shard cache
+  (:class:`~fastloader.remote.shard_cache.ShardCache`, size-limited, shared by every worker and rank
+  of the machine), fetched with several ranged GETs in flight on a miss, with retries
+  (:mod:`fastloader.remote.retry`). Order matters: a shard-aware sampler
+  (:class:`~fastloader.samplers.ShardWindowSampler`) reads a few shards at a time, so each shard is
+  fetched once per epoch; a random order over all samples would fetch shards again and again.
+* **Credentials and endpoint** come from the standard AWS chain (``AWS_ACCESS_KEY_ID``,
+  ``AWS_ENDPOINT_URL``, ``~/.aws``), or ``endpoint_url=``; the client is made after fork in each worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastloader.datasets.base import ProcessLocal, check_index
+from fastloader.datasets.tar import OpenShards, open_catalog, write_catalog
+from fastloader.errors import FormatError
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at
+from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
+from fastloader.formats.tar_shards import IMAGE_EXTS, INDEX_KIND, INDEX_SUFFIX, INDEX_VERSION, build_shard_index
+from fastloader.remote.s3 import S3Store
+from fastloader.remote.shard_cache import ShardCache
+from fastloader.remote.url import S3Url
+from fastloader.storage import cache_dir
+
+CATALOG_KIND = "tar-catalog"
+CATALOG_VERSION = 1
+DEFAULT_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
+
+
+@dataclass(frozen=True)
+class _Shard:
+    url: S3Url
+    size: int
+
+
+class _CachedShards:
+    """``locate(i)``: the local file of shard ``i`` in the shard cache, fetched on a miss (picklable)."""
+
+    def __init__(self, store: S3Store, cache: ShardCache, shards: tuple[_Shard, ...]) -> None:
+        self.store, self.cache, self.shards = store, cache, shards
+
+    def __call__(self, shard: int) -> str:
+        entry = self.shards[shard]
+        return self.cache.path(str(entry.url), entry.size, partial(self._fetch, entry))
+
+    def _fetch(self, entry: _Shard, path: str) -> None:
+        self.store.download(entry.url, path, entry.size)
+
+
+def _mirror(url: S3Url) -> Path:
+    """Local home of a prefix's indexes and catalog (the shard cache may be elsewhere)."""
+    digest = hashlib.sha1(str(url).encode()).hexdigest()[:16]
+    return cache_dir() / "s3" / f"{url.bucket}-{digest}"
+
+
+class RemoteTarShardSource:
+    """A :class:`~fastloader.datasets.base.Source` over tar shards under an ``s3://`` prefix (module docstring).
+
+    ``cache`` / ``cache_limit``: the shard cache's directory (default ``$FASTLOADER_CACHE/s3-shards``, one
+    for every dataset of the machine) and its size limit in bytes. ``store``: the client (default: an
+    :class:`~fastloader.remote.s3.S3Store` on ``endpoint_url`` or the environment's).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        image_exts: Sequence[str] | None = None,
+        endpoint_url: str | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        cache_limit: int = DEFAULT_CACHE_LIMIT,
+        store: S3Store | None = None,
+    ) -> None:
+        self.url = S3Url.parse(url)
+        self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
+        self.store = store or S3Store(endpoint_url)
+        self.cache = ShardCache(cache if cache is not None else cache_dir() / "s3-shards", cache_limit)
+        objects = dict(self.store.list(self.url))
+        shards, self.classes = self._shard_list(objects)
+        if not shards:
+            raise FormatError(f"{self.url}: no tar shards there (no {MANIFEST_NAME} and no *.tar object)")
+        self.shards = tuple(str(shard.url) for shard in shards)
+        locate = _CachedShards(self.store, self.cache, tuple(shards))
+        indexes = [self._index(shard, objects, locate, number) for number, shard in enumerate(shards)]
+        catalog = self._load_catalog(shards, indexes)
+        self._starts = np.array(catalog.arrays["starts"])
+        self._length = int(self._starts[-1])
+        self._exts: list[str] = list(catalog.meta["exts"])
+        self.no_image: int = catalog.meta["no_image"]
+        self.ignored: int = catalog.meta["ignored"]
+        self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
+        self._files = ProcessLocal(partial(OpenShards, locate))
+
+    def _shard_list(self, objects: dict[str, int]) -> tuple[list[_Shard], list[str] | None]:
+        manifest_key = self.url.child(MANIFEST_NAME).key
+        if manifest_key not in objects and self.url.child(PROGRESS_NAME).key in objects:
+            raise FormatError(
+                f"{self.url}: incomplete pack upload (no {MANIFEST_NAME} yet): run the same `fastloader pack` again"
+            )
+        if manifest_key in objects:
+            home = _mirror(self.url)
+            home.mkdir(parents=True, exist_ok=True)
+            local = home / MANIFEST_NAME
+            local.write_bytes(self.store.get(self.url.child(MANIFEST_NAME)))
+            state = TarPackState.read(local)
+            if not state.complete:
+                raise FormatError(f"{self.url}: incomplete pack (its manifest is not marked complete)")
+            shards = []
+            for record in state.shards:
+                key = self.url.child(record.name).key
+                if "/" in record.name or key not in objects:
+                    raise FormatError(f"{self.url}/{MANIFEST_NAME}: shard {record.name!r} is missing")
+                shards.append(_Shard(self.url.child(record.name), objects[key]))
+            return shards, state.classes
+        keys = sorted(key for key in objects if key.endswith(".tar"))
+        return [_Shard(S3Url(self.url.bucket, key), objects[key]) for key in keys], None
+
+    def _index(self, shard: _Shard, objects: dict[str, int], locate: _CachedShards, number: int) -> IndexFile:
+        """The shard's index: local when current (same object size), else its .fl-idx object, else built."""
+        name = shard.url.key.rsplit("/", 1)[-1]
+        path = _mirror(self.url) / "index" / f"{name}{INDEX_SUFFIX}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def current() -> IndexFile | None:
+            try:
+                index = read_index(path, INDEX_KIND, INDEX_VERSION)
+            except (FileNotFoundError, FormatError):
+                return None
+            fits = index.meta.get("shard_size") == shard.size and index.meta.get("image_exts") == list(self.image_exts)
+            return index if fits else None
+
+        def build() -> IndexFile:
+            remote_index = f"{shard.url.key}{INDEX_SUFFIX}"
+            if remote_index in objects:  # uploaded by `fastloader pack ... s3://`
+                path.write_bytes(self.store.get(S3Url(shard.url.bucket, remote_index)))
+                found = current()
+                if found is not None:
+                    return found
+            return build_shard_index(locate(number), path, self.image_exts)  # walks the cached shard
+
+        return cached_index(path, current, build)
+
+    def _load_catalog(self, shards: list[_Shard], indexes: list[IndexFile]) -> IndexFile:
+        identities = [[str(shard.url), shard.size] for shard in shards]
+        digest = hashlib.sha1(json.dumps([identities, list(self.image_exts)]).encode()).hexdigest()
+        path = _mirror(self.url) / f"catalog-{digest[:16]}{INDEX_SUFFIX}"
+
+        def current() -> IndexFile | None:
+            try:
+                catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
+            except (FileNotFoundError, FormatError):
+                return None
+            return catalog if catalog.meta.get("shards") == identities else None
+
+        def build() -> IndexFile:
+            write_catalog(path, indexes, identities, self.image_exts)
+            return read_index(path, CATALOG_KIND, CATALOG_VERSION)
+
+        return cached_index(path, current, build)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"RemoteTarShardSource({self._length} samples in {len(self.shards)} shards at {self.url})"
+
+    def shard_starts(self) -> np.ndarray:
+        """Where each shard's samples start, and the total at the end (for shard-aware samplers)."""
+        return self._starts.copy()
+
+    def _shard_of(self, index: int) -> int:
+        return int(np.searchsorted(self._starts, index, side="right")) - 1
+
+    def read(self, index: int) -> bytes:
+        index = check_index(index, self._length)
+        arrays = self._catalog.get().arrays
+        offset, size = int(arrays["data_offset"][index]), int(arrays["data_size"][index])
+        data = self._files.get().pread(self._shard_of(index), size, offset)
+        if len(data) != size:
+            raise FormatError(f"{self.key(index)}: the cached shard ends early (changed since it was indexed?)")
+        return data
+
+    def label(self, index: int) -> int:
+        return int(self._catalog.get().arrays["label"][check_index(index, self._length)])
+
+    def labels(self) -> np.ndarray:
+        return self._catalog.get().arrays["label"].view(np.ndarray)
+
+    def key(self, index: int) -> str:
+        """``"s3://bucket/prefix/shard.tar:<sample key>"``."""
+        index = check_index(index, self._length)
+        arrays = self._catalog.get().arrays
+        return f"{self.shards[self._shard_of(index)]}:{string_at(arrays['key_blob'], arrays['key_offsets'], index)}"
+
+    def stats(self) -> dict[str, Any]:
+        """The shard cache's bytes now and its limit."""
+        return {"cache_bytes": self.cache.used(), "cache_limit": self.cache.limit}
