@@ -5,7 +5,7 @@ and the endpoint from the standard chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_A
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL``, ``~/.aws/config`` profiles, instance roles), it is the
 client users already have configured, and whole-shard reads are bound by the network, not the client.
 
-* botocore's own retries are off (``max_attempts=1``): :mod:`fastloader.remote.retry` is the one policy,
+* botocore's own retries are off (``total_max_attempts=1``): :mod:`fastloader.remote.retry` is the one policy,
   so truncated bodies and reset connections in the middle of a body are retried too, with jitter.
 * Every read checks its length: a range gives exactly its bytes, a whole object its ContentLength.
 * A client is never shared across a fork (botocore's connection pools are not fork-safe): each process
@@ -74,7 +74,7 @@ class S3Store:
         session = boto3.session.Session()
         region = self.region or session.region_name or "us-east-1"  # S3-compatible stores accept any
         config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},
+            retries={"total_max_attempts": 1, "mode": "standard"},  # ours is the one retry policy
             connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout,
             max_pool_connections=self.pool,
