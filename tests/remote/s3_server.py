@@ -122,7 +122,7 @@ class S3Server:
     process: subprocess.Popen[bytes] = field(repr=False)
 
     @classmethod
-    def start(cls, workdir: Path, *, timeout: float = START_TIMEOUT_S) -> S3Server:
+    def start(cls, workdir: Path | str, *, timeout: float = START_TIMEOUT_S) -> S3Server:
         """Start ``weed mini`` under ``workdir`` (data, config and log go there) and wait until S3 answers."""
         weed = find_weed()
         if weed is None:
@@ -209,10 +209,11 @@ class S3Server:
         )
 
     def _wait_ready(self, timeout: float) -> None:
-        """Poll with a signed ListBuckets until it succeeds: the S3 port is open before the filer behind it is."""
+        """Poll until a write/read round trip works (see _probe); fail with weed's log after ``timeout``."""
         from botocore.config import Config
 
-        client = self.client(config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2))
+        client = self.client(config=Config(retries={"total_max_attempts": 1}, connect_timeout=1, read_timeout=5))
+        probe_bucket = f"ready-probe-{secrets.token_hex(6)}"
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -223,13 +224,13 @@ class S3Server:
                     raise _PortClash(f"weed exited ({code}), a port was taken:\n{tail}")
                 raise S3ServerError(f"weed mini exited with code {code} while starting; log {self.log_path}:\n{tail}")
             try:
-                client.list_buckets()
+                _probe(client, probe_bucket)
                 return
             except Exception as e:  # connection refused, 503 while the filer starts, ...
                 last = e
             time.sleep(0.2)
         raise S3ServerError(
-            f"weed mini's S3 port {self.endpoint_url} did not answer a signed ListBuckets within {timeout:.0f} s "
+            f"weed mini's S3 port {self.endpoint_url} did not serve a put/get round trip within {timeout:.0f} s "
             f"(last error: {last!r}); log {self.log_path}:\n{_log_tail(self.log_path)}"
         )
 
@@ -277,6 +278,23 @@ class S3Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+
+
+def _probe(client: Any, bucket: str) -> None:
+    """Create a bucket, write, read back and delete an object, delete the bucket; raise on any failure.
+
+    A signed ListBuckets is not enough: it answers while the S3 gateway cannot yet reach the filer (its gRPC
+    unix socket appears a little later), and a CreateBucket right after it then fails with InternalError.
+    """
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass  # an earlier poll got this far
+    client.put_object(Bucket=bucket, Key="probe", Body=b"ready")
+    if client.get_object(Bucket=bucket, Key="probe")["Body"].read() != b"ready":
+        raise S3ServerError("the readiness probe read back other bytes than it wrote")
+    client.delete_object(Bucket=bucket, Key="probe")
+    client.delete_bucket(Bucket=bucket)
 
 
 class _PortClash(S3ServerError):

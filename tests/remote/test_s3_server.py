@@ -340,3 +340,21 @@ def test_retries_show_in_the_counts(s3_server: S3Server, fault_proxy: FaultProxy
     fault_proxy.add(slowdown(method="GET", key=key, times=2))
     assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
     assert [r.fault for r in fault_proxy.requests if r.method == "GET"] == ["error", "error", None]
+
+
+# -- s3_env ----------------------------------------------------------------------------------------------
+
+
+def test_s3_env_points_sdks_at_the_server(s3_env: S3Server, s3_bucket: str) -> None:
+    """Code that builds its client from the environment alone (no endpoint, no keys) reaches the test server."""
+    import boto3
+
+    s3_env.client().put_object(Bucket=s3_bucket, Key="env.txt", Body=b"from the env")
+    client = boto3.session.Session().client("s3")
+    assert client.meta.endpoint_url == s3_env.endpoint_url
+    assert client.get_object(Bucket=s3_bucket, Key="env.txt")["Body"].read() == b"from the env"
+    assert not Path(os.environ["AWS_CONFIG_FILE"]).exists()
+    obstore = pytest.importorskip("obstore")
+    from obstore.store import S3Store
+
+    assert bytes(obstore.get(S3Store(s3_bucket), "env.txt").bytes()) == b"from the env"
