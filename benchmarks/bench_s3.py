@@ -8,6 +8,7 @@ run, A B A B, medians:
   ``ShardWindowSampler``: local disk, and S3 with a **cold** shard cache (a new cache directory per run);
 * the first batch's time; the cache's largest size against its limit (sampled while loading);
 * requests per image (a run through a counting loopback proxy);
+* the CPU the S3 server itself spent serving an epoch: on this machine it shares the decoders' cores;
 * the raw read throughput of the two clients considered, boto3 (chosen) and obstore: whole-shard
   downloads (MB/s) and 256 KiB ranged GETs (requests/s).
 
@@ -33,9 +34,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.remote: the server and the counting proxy
 
-from tests.remote.fault_proxy import FaultProxy  # noqa: E402
-from tests.remote.s3_server import S3Server  # noqa: E402
-
 from fastloader import DataLoaderX  # noqa: E402
 from fastloader import transforms as T  # noqa: E402
 from fastloader.datasets import TarShardDataset  # noqa: E402
@@ -44,6 +42,8 @@ from fastloader.remote.s3 import S3Store  # noqa: E402
 from fastloader.remote.url import S3Url  # noqa: E402
 from fastloader.sample import make_sample_folder  # noqa: E402
 from fastloader.samplers import ShardWindowSampler  # noqa: E402
+from tests.remote.fault_proxy import FaultProxy  # noqa: E402
+from tests.remote.s3_server import S3Server  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -76,6 +76,17 @@ def run_epoch(dataset: Any, workers: int, batch_size: int, watch: Any = None) ->
         watcher.join()
         peak[0] = max(peak[0], watch())
     return {"images_per_s": seen / elapsed, "first_batch_s": first, "images": seen, "cache_peak_bytes": peak[0]}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its children (the S3 server: it shares this machine's cores)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        total += sum(child.cpu_times()[:2])
+    return float(total)
 
 
 def client_throughput(server: S3Server, bucket: str, keys: list[str], sizes: list[int]) -> dict[str, Any]:
@@ -142,11 +153,15 @@ def main() -> None:
         shards = [(o["Key"], int(o["Size"])) for o in listing if o["Key"].endswith(".tar")]
         limit = 4 * max(size for _, size in shards)
         runs: dict[str, list[dict[str, float]]] = {"local": [], "s3_cold": []}
+        local_runs_keys = ("images_per_s", "first_batch_s", "images", "cache_peak_bytes")
         for repeat in range(args.repeats + 1):  # the first round warms the page cache and imports
             local_run = run_epoch(TarShardDataset(str(local), transform=transform()), args.workers, args.batch_size)
             remote = TarShardDataset(url, transform=transform(), cache=work / f"cache-{repeat}", cache_limit=limit)
+            server_cpu = _cpu_seconds(server.process.pid)
             remote_run = run_epoch(remote, args.workers, args.batch_size, watch=remote.source.cache.used)
+            remote_run["server_cpu_s"] = _cpu_seconds(server.process.pid) - server_cpu
             if repeat:
+                local_run = {key: local_run[key] for key in local_runs_keys}
                 runs["local"].append(local_run)
                 runs["s3_cold"].append(remote_run)
         proxy = FaultProxy(server.endpoint_url).start()

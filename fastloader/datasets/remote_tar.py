@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,6 +47,7 @@ from fastloader.storage import cache_dir
 CATALOG_KIND = "tar-catalog"
 CATALOG_VERSION = 1
 DEFAULT_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
+PREFETCH_THREADS = 2  # shards fetched ahead at once, by the training process
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class RemoteTarShardSource:
         self.ignored: int = catalog.meta["ignored"]
         self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
         self._files = ProcessLocal(partial(OpenShards, locate))
+        self._locate = locate
+        self._prefetcher = ProcessLocal(partial(ThreadPoolExecutor, PREFETCH_THREADS, "fastloader-prefetch"))
+        self._asked: deque[int] = deque(maxlen=16)  # recently asked: each window is asked for twice
 
     def _shard_list(self, objects: dict[str, int]) -> tuple[list[_Shard], list[str] | None]:
         manifest_key = self.url.child(MANIFEST_NAME).key
@@ -190,6 +196,21 @@ class RemoteTarShardSource:
 
     def _shard_of(self, index: int) -> int:
         return int(np.searchsorted(self._starts, index, side="right")) - 1
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Fetch these shards into the cache in the background (``ShardWindowSampler`` asks, a window
+        ahead); the workers then find them there, or wait for the download already under way."""
+        pool = self._prefetcher.get()
+        for shard in shards:
+            if shard not in self._asked:
+                self._asked.append(shard)
+                pool.submit(self._fetch_quietly, shard)
+
+    def _fetch_quietly(self, shard: int) -> None:
+        try:
+            self._locate(shard)
+        except Exception:  # noqa: BLE001 - a prefetch is a hint: the worker's own read raises, naming the shard
+            pass
 
     def read(self, index: int) -> bytes:
         index = check_index(index, self._length)

@@ -7,7 +7,8 @@ client users already have configured, and whole-shard reads are bound by the net
 
 * botocore's own retries are off (``total_max_attempts=1``): :mod:`fastloader.remote.retry` is the one policy,
   so truncated bodies and reset connections in the middle of a body are retried too, with jitter.
-* Every read checks its length: a range gives exactly its bytes, a whole object its ContentLength.
+* Every read checks its length: a range gives exactly its bytes, a whole object its ContentLength; a
+  download cut short resumes from its last byte.
 * A client is never shared across a fork (botocore's connection pools are not fork-safe): each process
   makes its own on first use, and a pickled store (a spawned worker) carries only its settings.
 * No secret is ever printed: errors name the object and the server's error code, never credentials.
@@ -18,14 +19,13 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastloader.remote.retry import RetryPolicy, TruncatedBody, with_retries
 from fastloader.remote.url import S3Url
 
-PART_BYTES = 8 << 20  # ranged GETs of a whole-object download
-IN_FLIGHT = 4  # ranged GETs of one download at once
+CHUNK_BYTES = 1 << 20  # a download's reads and writes
+IN_FLIGHT = 4  # parts of one multipart upload at once
 MULTIPART_BYTES = 64 << 20  # uploads larger than this go in parts of this size
 
 
@@ -78,6 +78,10 @@ class S3Store:
             connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout,
             max_pool_connections=self.pool,
+            # botocore's CRC check of every response body costs several times the CPU of the download
+            # itself (measured: 0.23 against 0.04 CPU-s per 64 MB), CPU the decoding workers need; lengths
+            # are checked here, and a corrupt image fails its decode (the dataset's error policy).
+            response_checksum_validation="when_required",
         )
         return session.client("s3", endpoint_url=self.endpoint_url, region_name=region, config=config)
 
@@ -141,26 +145,31 @@ class S3Store:
             token = page.get("NextContinuationToken")
 
     def download(self, url: S3Url, dest: str, size: int | None = None) -> int:
-        """The whole object into the file ``dest`` (created, or overwritten): ``IN_FLIGHT`` ranged GETs of
-        ``PART_BYTES`` at once, each retried on its own. Returns the size."""
+        """The whole object into the file ``dest`` (created, or overwritten), streamed in one GET: a cut
+        body is resumed from the last byte received (a ranged GET), not fetched again. Returns the size.
+
+        One streaming GET per object (about 600 MB/s on loopback, 0.04 CPU-s per 64 MB) costs less CPU
+        than parallel ranged GETs, and CPU is what the decoding workers need; the parallelism comes from
+        fetching several shards at once (the prefetch and the workers)."""
         size = self.size(url) if size is None else size
-        ranges = [(start, min(size, start + PART_BYTES)) for start in range(0, size, PART_BYTES)]
-        descriptor = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(descriptor, size)
+        with open(dest, "wb") as out:
+            received = 0
 
-            def fetch(bounds: tuple[int, int]) -> None:
-                os.pwrite(descriptor, self.get(url, *bounds), bounds[0])
+            def attempt() -> None:
+                nonlocal received
+                out.seek(received)
+                out.truncate()
+                kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key}
+                if received:
+                    kwargs["Range"] = f"bytes={received}-"
+                body = self.client.get_object(**kwargs)["Body"]
+                for chunk in body.iter_chunks(CHUNK_BYTES):
+                    out.write(chunk)
+                    received += len(chunk)
+                if received != size:
+                    raise TruncatedBody(f"got {received} of {size} bytes")
 
-            if len(ranges) <= 1:
-                for bounds in ranges:
-                    fetch(bounds)
-            else:
-                with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="fastloader-s3") as pool:
-                    for _ in pool.map(fetch, ranges):
-                        pass
-        finally:
-            os.close(descriptor)
+            self._call(str(url), attempt)
         return size
 
     def delete(self, url: S3Url) -> None:

@@ -4,8 +4,8 @@ The workers of every rank on one machine read through one cache directory:
 
 * ``path(name, size, fetch)`` returns a local file with the object's bytes, fetching it on a miss.
   One process downloads a given object (a lock per object); the others wait for it, then share it.
-* The cache never holds more than ``limit`` bytes, counting downloads in progress (their files are
-  sized up front). Room is made by removing the least recently opened objects first (mtime, touched
+* The cache never holds more than ``limit`` bytes, counting downloads in progress at their full size
+  (a download's file is named ``<object>.<size>.part``). Room is made by removing the least recently opened objects first (mtime, touched
   on each ``path``). Removing a file another process is reading is safe on POSIX: its open descriptor
   keeps the data until closed; a later ``path`` fetches it again.
 * Never a deadlock: a process waits for room only while other downloads are in flight, and those never
@@ -39,6 +39,14 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _reserved(part_name: str) -> int:
+    """The size a download reserved: ``<name>.<size>.part``."""
+    try:
+        return int(part_name[: -len(_PART)].rsplit(".", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
 class ShardCache:
     """Whole objects on local disk under ``root``, at most ``limit`` bytes (see the module docstring)."""
 
@@ -68,13 +76,14 @@ class ShardCache:
         with _locked(self.root / _LOCKS / f"{final.name}.lock"):  # one download per object
             if self._fresh(final, size):
                 return str(final)
-            part = final.with_name(final.name + _PART)
+            part = final.with_name(f"{final.name}.{size}{_PART}")  # its reserved size in its name
             self._reserve(part, size)
             try:
                 fetch(str(part))
                 if part.stat().st_size != size:
                     raise OSError(f"{name}: fetched {part.stat().st_size} bytes, expected {size}")
-                os.replace(part, final)
+                with _locked(self.root / _LOCKS / "space.lock"):  # a listing must not miss it mid-rename
+                    os.replace(part, final)
             except BaseException:
                 part.unlink(missing_ok=True)
                 raise
@@ -101,8 +110,7 @@ class ShardCache:
                     path.unlink(missing_ok=True)
                     used -= length
                 if used + size <= self.limit:
-                    with open(part, "wb") as handle:
-                        handle.truncate(size)  # counted from now on, by every process
+                    part.touch()  # counted at ``size`` from now on, by every process: its name says so
                     return
             time.sleep(_WAIT_S)  # only downloads in flight fill it: they finish without waiting on us
 
@@ -110,7 +118,7 @@ class ShardCache:
         """A download left by a process that died: its object's lock is free. Removed (True) if so."""
         if not path.name.endswith(_PART):
             return False
-        lock = self.root / _LOCKS / f"{path.name[: -len(_PART)]}.lock"
+        lock = self.root / _LOCKS / f"{path.name[: -len(_PART)].rsplit('.', 1)[0]}.lock"
         try:
             with open(lock, "a+b") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # never waits: no deadlock here either
@@ -121,7 +129,7 @@ class ShardCache:
         return True
 
     def _entries(self) -> list[tuple[float, int, Path]]:
-        entries = []
+        entries, inodes = [], set()
         with os.scandir(self.root) as found:
             for entry in found:
                 if entry.is_file() and not entry.name.startswith("."):
@@ -129,9 +137,17 @@ class ShardCache:
                         stat = entry.stat()
                     except FileNotFoundError:
                         continue
-                    entries.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                    if stat.st_ino in inodes:  # renamed (.part -> final) while listing: seen twice
+                        continue
+                    inodes.add(stat.st_ino)
+                    size = stat.st_size
+                    if entry.name.endswith(_PART):  # a download counts its whole size from the start
+                        size = max(size, _reserved(entry.name))
+                    entries.append((stat.st_mtime, size, Path(entry.path)))
         return entries
 
     def used(self) -> int:
-        """Bytes held now, downloads in progress included."""
-        return sum(entry[1] for entry in self._entries())
+        """Bytes held now, downloads in progress included (under the lock: a listing taken while files
+        come and go would count some twice)."""
+        with _locked(self.root / _LOCKS / "space.lock"):
+            return sum(entry[1] for entry in self._entries())

@@ -9,8 +9,10 @@ stays a pure function of ``(seed, epoch)``:
 2. that order is cut into windows of ``window`` consecutive shards, and the samples of each window are
    shuffled among themselves.
 
-So an epoch reads ``window`` shards at a time (the shard cache needs room for about ``window`` shards
-per machine), each shard once, and every sample once. Under DDP each rank takes every
+So an epoch reads ``window`` shards at a time, each shard once, and every sample once. When the
+dataset's source can prefetch (remote tar shards), entering a window asks it to fetch the next
+window's shards in the background, so downloads overlap decoding (the shard cache then needs room for
+about two windows per machine). Under DDP each rank takes every
 ``num_replicas``-th index of the same order (padded as torch's DistributedSampler pads), so the ranks
 of a machine read the same shards at the same time and share the cache. Resumable mid-epoch like every
 fastloader sampler; the same for any ``num_workers``.
@@ -18,7 +20,7 @@ fastloader sampler; the same for any ``num_workers``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +54,9 @@ class ShardWindowSampler(EpochSampler):
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}")
         self.starts = starts
+        source = getattr(shards, "source", shards)
+        self._prefetch = getattr(source, "prefetch", None)  # remote shards: fetch ahead
+        self._plan: tuple[int, np.ndarray, list[np.ndarray]] | None = None  # epoch, window of each shard, windows
         self.window = int(window)
         self.shuffle = bool(shuffle)
         self.num_replicas, self.rank, self.drop_last = int(num_replicas), int(rank), bool(drop_last)
@@ -73,8 +78,12 @@ class ShardWindowSampler(EpochSampler):
         shard_order = rng.permutation(count) if self.shuffle else np.arange(count)
         order = np.empty(total, dtype=dtype)
         filled = 0
-        for begin in range(0, count, self.window):
-            group = shard_order[begin : begin + self.window]
+        windows = [shard_order[begin : begin + self.window] for begin in range(0, count, self.window)]
+        window_of = np.zeros(count, dtype=np.int64)
+        for number, group in enumerate(windows):
+            window_of[group] = number
+        self._plan = (epoch, window_of, windows)
+        for group in windows:
             pieces = [np.arange(starts[s], starts[s + 1], dtype=dtype) for s in group]
             samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
             if self.shuffle:
@@ -85,6 +94,22 @@ class ShardWindowSampler(EpochSampler):
         if size > total and total:  # pad with the start of the order, as torch's DistributedSampler does
             order = np.concatenate([order, np.resize(order, size - total)])
         return order[:size][self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        indices = super().__iter__()
+        if not callable(self._prefetch):
+            yield from indices
+            return
+        current = -1
+        for index in indices:
+            plan = self._plan
+            if plan is not None:
+                window = int(plan[1][int(np.searchsorted(self.starts, index, side="right")) - 1])
+                if window != current:  # entering a window: fetch the next one meanwhile
+                    current = window
+                    upcoming = plan[2][window + 1] if window + 1 < len(plan[2]) else plan[2][window][:0]
+                    self._prefetch([*plan[2][window].tolist(), *upcoming.tolist()])
+            yield index
 
 
 def _starts_of(shards: Any) -> np.ndarray:

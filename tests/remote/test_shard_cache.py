@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,9 +78,39 @@ def test_a_failed_fetch_leaves_nothing_and_a_short_one_is_refused(tmp_path: Path
 
 def test_a_download_abandoned_by_a_dead_process_is_reclaimed(tmp_path: Path) -> None:
     cache = ShardCache(tmp_path / "cache", limit=100)
-    (tmp_path / "cache" / "0123456789ab-dead.tar.part").write_bytes(bytes(90))  # no process holds its lock
+    (tmp_path / "cache" / "0123456789ab-dead.tar.90.part").write_bytes(bytes(10))  # no process holds its lock
     cache.path("fresh", 50, writer(bytes(50)))
     assert cache.used() == 50
+
+
+def test_threads_sharing_a_small_cache_never_take_it_over_its_limit(tmp_path: Path) -> None:
+    cache, peak, done = ShardCache(tmp_path / "cache", limit=100), [0], threading.Event()
+
+    def fetch(path: str) -> None:
+        with open(path, "wb") as out:  # truncates first, as a real download does: still counted in full
+            for _ in range(3):
+                out.write(bytes(10))
+                out.flush()
+                time.sleep(0.001)
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], cache.used())
+
+    def read(offset: int) -> None:
+        for i in range(150):
+            cache.path(f"o{(7 * i + offset) % 9}", 30, fetch)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    readers = [threading.Thread(target=read, args=(k,)) for k in range(3)]
+    for thread in readers:
+        thread.start()
+    for thread in readers:
+        thread.join()
+    done.set()
+    watcher.join()
+    assert 0 < peak[0] <= 100
 
 
 def _fetch_in_process(root: str, count_file: str, start: float) -> str:
