@@ -5,9 +5,9 @@ The workers of every rank on one machine read through one cache directory:
 * ``path(name, size, fetch)`` returns a local file with the object's bytes, fetching it on a miss.
   One process downloads a given object (a lock per object); the others wait for it, then share it.
 * The cache never holds more than ``limit`` bytes, counting downloads in progress at their full size
-  (a download's file is named ``<object>.<size>.part``). Room is made by removing the least recently opened objects first (mtime, touched
-  on each ``path``). Removing a file another process is reading is safe on POSIX: its open descriptor
-  keeps the data until closed; a later ``path`` fetches it again.
+  (a download's file is named ``<object>.<size>.part``). Room is made by removing the least recently
+  opened objects first (mtime, touched on each ``path``). Removing a file another process is reading
+  is safe on POSIX: its open descriptor keeps the data until closed; a later ``path`` fetches it again.
 * Never a deadlock: a process waits for room only while other downloads are in flight, and those never
   wait for anything but the network; when an epoch's working set exceeds the limit, objects are simply
   evicted and fetched again later (slower, never stuck). An object larger than the whole limit is an
