@@ -44,7 +44,13 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import IterableDataset
 
-from fastloader.samplers import DistributedSampler, RandomSampler, SequentialSampler, WeightedRandomSampler
+from fastloader.samplers import (
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    ShardWindowSampler,
+    WeightedRandomSampler,
+)
 from fastloader.samplers._epoch import check_nonnegative_int
 from fastloader.samplers.torch_random import TorchRandomSampler
 
@@ -96,7 +102,7 @@ def begin(loader: Any, progress: Progress) -> None:
 
 
 def world_of(sampler: Any) -> tuple[int, int]:
-    if isinstance(sampler, tud.DistributedSampler):
+    if isinstance(sampler, (tud.DistributedSampler, ShardWindowSampler)):
         return sampler.num_replicas, sampler.rank
     return 1, 0
 
@@ -106,6 +112,8 @@ def _layout_size(sampler: Any, layout: int) -> int:
         return sampler.layout_size(layout)
     if isinstance(sampler, tud.DistributedSampler):
         return sampler.total_size
+    if isinstance(sampler, ShardWindowSampler):
+        return sampler.num_samples * sampler.num_replicas
     return len(sampler)
 
 
@@ -209,6 +217,14 @@ def apply_state(loader: Any, state: Mapping[str, Any]) -> Progress:
             sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": position // layout})
         else:
             sampler.resume_at(epoch, seed, position, layout)
+    elif isinstance(sampler, ShardWindowSampler):
+        if layout != sampler.num_replicas:
+            raise ValueError(
+                f"the state comes from {layout} ranks, this ShardWindowSampler splits over {sampler.num_replicas}:"
+                " resume with the same number of ranks"
+            )
+        offset = min(position, _layout_size(sampler, layout)) // layout
+        sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": offset})
     elif isinstance(sampler, _OURS):
         if layout != 1:
             raise ValueError(
