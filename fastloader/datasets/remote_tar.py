@@ -31,12 +31,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from fastloader.datasets.base import ProcessLocal, check_index
-from fastloader.datasets.tar import OpenShards, open_catalog, write_catalog
+from fastloader.datasets.base import ProcessLocal
+from fastloader.datasets.tar import CatalogSource, write_catalog
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at
+from fastloader.formats.index_file import IndexFile, cached_index, read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, INDEX_KIND, INDEX_SUFFIX, INDEX_VERSION, build_shard_index
 from fastloader.remote.s3 import S3Store
@@ -76,7 +74,7 @@ def _mirror(url: S3Url) -> Path:
     return cache_dir() / "s3" / f"{url.bucket}-{digest}"
 
 
-class RemoteTarShardSource:
+class RemoteTarShardSource(CatalogSource):
     """A :class:`~fastloader.datasets.base.Source` over tar shards under an ``s3://`` prefix (module docstring).
 
     ``cache`` / ``cache_limit``: the shard cache's directory (default ``$FASTLOADER_CACHE/s3-shards``, one
@@ -105,14 +103,7 @@ class RemoteTarShardSource:
         self.shards = tuple(str(shard.url) for shard in shards)
         locate = _CachedShards(self.store, self.cache, tuple(shards))
         indexes = [self._index(shard, objects, locate, number) for number, shard in enumerate(shards)]
-        catalog = self._load_catalog(shards, indexes)
-        self._starts = np.array(catalog.arrays["starts"])
-        self._length = int(self._starts[-1])
-        self._exts: list[str] = list(catalog.meta["exts"])
-        self.no_image: int = catalog.meta["no_image"]
-        self.ignored: int = catalog.meta["ignored"]
-        self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
-        self._files = ProcessLocal(partial(OpenShards, locate))
+        self._attach(self._load_catalog(shards, indexes), locate)
         self._locate = locate
         self._prefetcher = ProcessLocal(partial(ThreadPoolExecutor, PREFETCH_THREADS, "fastloader-prefetch"))
         self._asked: deque[int] = deque(maxlen=16)  # recently asked: each window is asked for twice
@@ -184,19 +175,6 @@ class RemoteTarShardSource:
 
         return cached_index(path, current, build)
 
-    def __len__(self) -> int:
-        return self._length
-
-    def __repr__(self) -> str:
-        return f"RemoteTarShardSource({self._length} samples in {len(self.shards)} shards at {self.url})"
-
-    def shard_starts(self) -> np.ndarray:
-        """Where each shard's samples start, and the total at the end (for shard-aware samplers)."""
-        return self._starts.copy()
-
-    def _shard_of(self, index: int) -> int:
-        return int(np.searchsorted(self._starts, index, side="right")) - 1
-
     def prefetch(self, shards: Sequence[int]) -> None:
         """Fetch these shards into the cache in the background (``ShardWindowSampler`` asks, a window
         ahead); the workers then find them there, or wait for the download already under way."""
@@ -211,27 +189,6 @@ class RemoteTarShardSource:
             self._locate(shard)
         except Exception:  # noqa: BLE001 - a prefetch is a hint: the worker's own read raises, naming the shard
             pass
-
-    def read(self, index: int) -> bytes:
-        index = check_index(index, self._length)
-        arrays = self._catalog.get().arrays
-        offset, size = int(arrays["data_offset"][index]), int(arrays["data_size"][index])
-        data = self._files.get().pread(self._shard_of(index), size, offset)
-        if len(data) != size:
-            raise FormatError(f"{self.key(index)}: the cached shard ends early (changed since it was indexed?)")
-        return data
-
-    def label(self, index: int) -> int:
-        return int(self._catalog.get().arrays["label"][check_index(index, self._length)])
-
-    def labels(self) -> np.ndarray:
-        return self._catalog.get().arrays["label"].view(np.ndarray)
-
-    def key(self, index: int) -> str:
-        """``"s3://bucket/prefix/shard.tar:<sample key>"``."""
-        index = check_index(index, self._length)
-        arrays = self._catalog.get().arrays
-        return f"{self.shards[self._shard_of(index)]}:{string_at(arrays['key_blob'], arrays['key_offsets'], index)}"
 
     def stats(self) -> dict[str, Any]:
         """The shard cache's bytes now and its limit."""

@@ -204,43 +204,29 @@ class OpenShards:
                 pass
 
 
-class TarShardSource:
-    """A :class:`~fastloader.datasets.base.Source` over tar shards: item i is the i-th sample with an image.
+class CatalogSource:
+    """Samples of tar shards read through a catalog: what local and remote tar sources share.
 
-    ``pattern``: brace pattern, glob, list of paths, or a ``fastloader pack --format tar`` directory.
-    ``image_exts``: extensions that count as the image, in order of preference (default
-    :data:`~fastloader.formats.tar_shards.IMAGE_EXTS`). ``index_paths``: one index file per shard,
-    to keep them elsewhere than beside the shards (built there when missing).
+    A subclass sets ``shards`` (their names, for keys) and calls :meth:`_attach` with the catalog and
+    how to find each shard's local file.
     """
 
-    def __init__(
-        self,
-        pattern: str | os.PathLike[str] | list[str],
-        *,
-        image_exts: Sequence[str] | None = None,
-        index_paths: Sequence[str | os.PathLike[str]] | None = None,
-    ) -> None:
-        self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
-        if not self.image_exts or not all(self.image_exts):
-            raise ValueError(f"image_exts must name at least one extension, got {image_exts!r}")
-        self.shards, self.classes = _shard_list(pattern)
-        paths = None if index_paths is None else [os.fspath(p) for p in index_paths]
-        if paths is not None and len(paths) != len(self.shards):
-            raise ValueError(f"index_paths has {len(paths)} entries for {len(self.shards)} shards")
-        catalog = load_catalog(self.shards, self.image_exts, paths)
+    shards: Sequence[str]
+
+    def _attach(self, catalog: IndexFile, locate: Callable[[int], str]) -> None:
         self._starts = np.array(catalog.arrays["starts"])  # one entry per shard: kept in memory
         self._length = int(self._starts[-1])
         self._exts: list[str] = list(catalog.meta["exts"])
         self.no_image: int = catalog.meta["no_image"]  # samples skipped: no image member
         self.ignored: int = catalog.meta["ignored"]  # unsafe or non-regular members ignored
         self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
-        self._files = ProcessLocal(partial(OpenShards, tuple(self.shards).__getitem__))
+        self._files = ProcessLocal(partial(OpenShards, locate))
 
     def __len__(self) -> int:
         return self._length
 
     def __repr__(self) -> str:
-        return f"TarShardSource({self._length} samples in {len(self.shards)} shards)"
+        return f"{type(self).__name__}({self._length} samples in {len(self.shards)} shards)"
 
     def shard_starts(self) -> np.ndarray:
         """Where each shard's samples start, and the total at the end (for shard-aware samplers)."""
@@ -266,7 +252,7 @@ class TarShardSource:
         return self._catalog.get().arrays["label"].view(np.ndarray)
 
     def key(self, index: int) -> str:
-        """``"<shard path>:<sample key>"``."""
+        """``"<shard>:<sample key>"``."""
         index = check_index(index, self._length)
         arrays = self._catalog.get().arrays
         return f"{self.shards[self._shard_of(index)]}:{string_at(arrays['key_blob'], arrays['key_offsets'], index)}"
@@ -282,6 +268,33 @@ class TarShardSource:
             return None
         index = check_index(index, self._length)
         return string_at(arrays["source_key_blob"], arrays["source_key_offsets"], index)
+
+
+class TarShardSource(CatalogSource):
+    """A :class:`~fastloader.datasets.base.Source` over tar shards: item i is the i-th sample with an image.
+
+    ``pattern``: brace pattern, glob, list of paths, or a ``fastloader pack --format tar`` directory.
+    ``image_exts``: extensions that count as the image, in order of preference (default
+    :data:`~fastloader.formats.tar_shards.IMAGE_EXTS`). ``index_paths``: one index file per shard,
+    to keep them elsewhere than beside the shards (built there when missing).
+    """
+
+    def __init__(
+        self,
+        pattern: str | os.PathLike[str] | list[str],
+        *,
+        image_exts: Sequence[str] | None = None,
+        index_paths: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
+        self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
+        if not self.image_exts or not all(self.image_exts):
+            raise ValueError(f"image_exts must name at least one extension, got {image_exts!r}")
+        self.shards, self.classes = _shard_list(pattern)
+        paths = None if index_paths is None else [os.fspath(p) for p in index_paths]
+        if paths is not None and len(paths) != len(self.shards):
+            raise ValueError(f"index_paths has {len(paths)} entries for {len(self.shards)} shards")
+        catalog = load_catalog(self.shards, self.image_exts, paths)
+        self._attach(catalog, tuple(self.shards).__getitem__)
 
 
 class TarShardDataset(ImageDataset[Any]):
