@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +14,7 @@ from fastloader.doctor.diagnose import LOADER_ONLY, diagnose
 from fastloader.loader.verdict import HIGHLY, NOT_BOUND
 from fastloader.sample import make_sample_folder
 from tests.doctor.pipelines import dataset, slow_collate
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_python
 
 
 @pytest.mark.parametrize("slow", ["read", "decode", "transform", "collate"])
@@ -67,14 +64,7 @@ def test_one_allowed_core_every_core_busy_and_too_many_workers(tmp_path: Path) -
         "from fastloader.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     args = [str(folder), "--workers", "2", "--batch-size", "8", "--batches", "12", "--no-storage", "--step-ms", "1"]
-    out = subprocess.run(
-        [sys.executable, "-c", code, "doctor", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = run_python(code, "doctor", *args, "--json")
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)
     assert result["environment"]["usable_cores"] == 1

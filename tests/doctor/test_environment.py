@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from fastloader.doctor.environment import environment, shm_bytes
 from fastloader.world import cores_per_rank
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_python
 
 
 def names(traps: list[dict[str, str]]) -> list[str]:
@@ -40,14 +35,7 @@ def test_a_low_open_files_limit_is_a_trap() -> None:
         "resource.RLIMIT_NOFILE)[1])); from fastloader.doctor.environment import environment;"
         "print(json.dumps(environment(1024, 1, 2)))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = run_python(code, timeout=120)
     assert out.returncode == 0, out.stderr
     env, traps = json.loads(out.stdout)
     assert env["open_files_limit"] == 256
