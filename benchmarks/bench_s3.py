@@ -13,6 +13,8 @@ run, A B A B, medians:
   downloads (MB/s) and 256 KiB ranged GETs (requests/s).
 
     python benchmarks/bench_s3.py [--images 2000] [--workers 2] [--shard-size 250]
+
+The client comparison needs obstore (``pip install obstore``); without it that part is left out.
 """
 
 from __future__ import annotations
@@ -91,8 +93,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def client_throughput(server: S3Server, bucket: str, keys: list[str], sizes: list[int]) -> dict[str, Any]:
     """Whole-object downloads and small ranged GETs, boto3 against obstore, on the same objects."""
-    import obstore
-    from obstore.store import S3Store as ObStore
+    try:
+        import obstore
+        from obstore.store import S3Store as ObStore
+    except ImportError:
+        return {"obstore": "not installed: pip install obstore"}
 
     store = S3Store(server.endpoint_url)
     ob = ObStore(
