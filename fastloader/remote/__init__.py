@@ -4,5 +4,6 @@
 * ``retry.py``: which failures are retried (throttling, timeouts, reset connections, truncated bodies),
   with exponential backoff and full jitter, and the error that names the object when the budget is spent;
 * ``s3.py``: the client (boto3, made after fork in each process): ranged and whole-object reads with
-  their length checked, parallel ranged downloads, listing, uploads (multipart for large files).
+  their length checked, streaming downloads resumed where cut, listing, uploads (multipart when large);
+* ``shard_cache.py``: whole shards on local disk under a size limit, shared by every process of the machine.
 """
