@@ -224,7 +224,27 @@ def _describe(dataset: ImageFolder | FileListDataset, where: str) -> str:
     return f"Dataset {type(dataset).__name__}\n    Number of datapoints: {len(dataset)}\n    {where}"
 
 
-class ImageFolder(ImageDataset[Any]):
+class _PathDataset(ImageDataset[Any]):
+    """A dataset of image files whose ``loader(path)`` (torchvision's contract), when given, reads and
+    decodes each image instead of fastloader's decode of the file's bytes."""
+
+    loader: Callable[[str], Any] | None
+
+    @property
+    def samples(self) -> SampleView:
+        raise NotImplementedError
+
+    def _image(self, index: int) -> Any:
+        if self.loader is None:
+            return super()._image(index)
+        with timed("decode"):  # the user's loader reads and decodes in one call
+            return self.loader(self.samples[index][0])
+
+    def _decodes_bytes(self) -> bool:
+        return self.loader is None and super()._decodes_bytes()
+
+
+class ImageFolder(_PathDataset):
     """A drop-in for ``torchvision.datasets.ImageFolder`` over a persisted index (see module docstring).
 
     Extras, keyword-only: ``index_path`` (where the index lives), ``rebuild`` (rescan even if the
@@ -275,20 +295,11 @@ class ImageFolder(ImageDataset[Any]):
     def targets(self) -> np.ndarray:
         return self.source.labels()
 
-    def _image(self, index: int) -> Any:
-        if self.loader is None:
-            return super()._image(index)
-        with timed("decode"):  # the user's loader reads and decodes in one call
-            return self.loader(self.samples[index][0])
-
-    def _decodes_bytes(self) -> bool:
-        return self.loader is None and super()._decodes_bytes()
-
     def __repr__(self) -> str:
         return _describe(self, f"Root location: {self.root}")
 
 
-class FileListDataset(ImageDataset[Any]):
+class FileListDataset(_PathDataset):
     """``(image, label)`` for each entry of a list file (see :class:`FileListSource`).
 
     ``loader``: None decodes the file's bytes to RGB; a callable is called as ``loader(path)``.
@@ -322,15 +333,6 @@ class FileListDataset(ImageDataset[Any]):
     @property
     def targets(self) -> np.ndarray:
         return self.source.labels()
-
-    def _image(self, index: int) -> Any:
-        if self.loader is None:
-            return super()._image(index)
-        with timed("decode"):  # the user's loader reads and decodes in one call
-            return self.loader(self.samples[index][0])
-
-    def _decodes_bytes(self) -> bool:
-        return self.loader is None and super()._decodes_bytes()
 
     def __repr__(self) -> str:
         return _describe(self, f"File list: {self.source.list_path}")
