@@ -68,8 +68,11 @@ class S3Store:
         return self._client
 
     def _make_client(self) -> Any:
-        import boto3
-        from botocore.config import Config
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as error:
+            raise RuntimeError("s3:// datasets need boto3: pip install fastloader[s3]") from error
 
         session = boto3.session.Session()
         region = self.region or session.region_name or "us-east-1"  # S3-compatible stores accept any
