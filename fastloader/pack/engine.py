@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastloader.datasets.base import Source
+from fastloader.fields.values import field_kinds
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
@@ -117,7 +118,7 @@ def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
     reason = item.reason
     if item.data is not None:
         try:
-            sink.add(item.position, item.key, item.label, item.data)
+            sink.add(item.position, item.key, item.label, item.data, item.fields)
         except ValueError as error:  # an output that cannot hold this image (tar: an unknown format)
             reason = f"rejected: {describe_error(error)}"
         else:
@@ -144,7 +145,9 @@ def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: st
     return counts
 
 
-def _fingerprint(source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int) -> dict[str, Any]:
+def _fingerprint(
+    source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int, fields: dict[str, str]
+) -> dict[str, Any]:
     total = len(source)
     picks = sorted({round(i * (total - 1) / (_KEY_SAMPLES - 1)) for i in range(_KEY_SAMPLES)}) if total else []
     digest = hashlib.sha256("\n".join(source.key(i) for i in picks).encode("utf-8", "surrogateescape")).hexdigest()
@@ -156,17 +159,25 @@ def _fingerprint(source: Source, kind: str, output: str, options: ReencodeOption
     }
     if output == "tar":
         fingerprint["shard_size"] = shard_size
+    if fields:
+        fingerprint["fields"] = fields
     return fingerprint
 
 
 def _open_sink(
-    dst: str, output: str, fingerprint: dict[str, Any], shard_size: int, commit_every: int, map_size: int
+    dst: str,
+    output: str,
+    fingerprint: dict[str, Any],
+    shard_size: int,
+    commit_every: int,
+    map_size: int,
+    fields: dict[str, str],
 ) -> Sink:
     if output == "lmdb":
-        return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every)
+        return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every, fields=fields)
     from fastloader.pack.tar_sink import TarShardSink
 
-    sink: Sink = TarShardSink(dst, fingerprint, shard_size=shard_size)
+    sink: Sink = TarShardSink(dst, fingerprint, shard_size=shard_size, fields=fields)
     return sink
 
 
@@ -311,10 +322,11 @@ def pack(
         src_name = os.fspath(src)
         source, kind = open_source(src_name, src_format, root=root)
     workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
-    fingerprint = _fingerprint(source, kind, format, options, shard_size)
+    fields = field_kinds(source)
+    fingerprint = _fingerprint(source, kind, format, options, shard_size, fields)
     started = time.monotonic()
     with reader_pool(source, options, workers) as pool:
-        sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size)
+        sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size, fields)
         try:
             start = sink.resume_position()
             items = prepared(source, options, pool, start, workers)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import lmdb
@@ -84,7 +84,10 @@ class LMDBSink:
         map_size: int = DEFAULT_MAP_SIZE,
         commit_every: int = DEFAULT_COMMIT_EVERY,
         commit_bytes: int = DEFAULT_COMMIT_BYTES,
+        fields: Mapping[str, str] | None = None,
     ) -> None:
+        if fields:
+            raise NotImplementedError(f"{dst}: an LMDB pack cannot hold fields yet ({', '.join(fields)})")
         if commit_every < 1 or commit_bytes < 1 or map_size < 1:
             raise ValueError("map_size, commit_every and commit_bytes must be positive")
         self.path = os.fspath(dst)
@@ -144,7 +147,7 @@ class LMDBSink:
             raise ValueError(f"{self.path}: position {position} handed over after {self._next_position - 1}")
         self._next_position = position + 1
 
-    def add(self, position: int, key: str, label: int, data: bytes) -> None:
+    def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
         value = records.encode_record(label, data)  # may raise ValueError: then nothing was accepted
         self._accept(position)
         number = self._progress.count + len(self._records)

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fastloader.datasets.base import Source
+from fastloader.fields.values import field_kinds, read_fields
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -45,6 +46,7 @@ class Prepared(NamedTuple):
     data: bytes | None
     reason: str
     bytes_in: int
+    fields: dict[str, Any] | None = None  # the item's fields (fastloader.fields), None for a source without
 
 
 def _fit(width: int, height: int, limit: int) -> tuple[int, int]:
@@ -86,8 +88,11 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".replace("\n", " ").replace("\t", " ")
 
 
-def prepare_item(source: Source, position: int, options: ReencodeOptions) -> Prepared:
-    """Read, check and re-encode the item at ``position``; any failure becomes a skip reason."""
+def prepare_item(
+    source: Source, position: int, options: ReencodeOptions, kinds: dict[str, str] | None = None
+) -> Prepared:
+    """Read, check and re-encode the item at ``position`` (and read its fields of ``kinds``, the
+    source's :func:`~fastloader.fields.values.field_kinds`); any failure becomes a skip reason."""
     key = f"#{position}"
     # Errors are caught broadly on purpose: sources and PIL's plugins raise many exception types
     # for bad files, and one bad file must never abort a pack of many hours.
@@ -95,6 +100,7 @@ def prepare_item(source: Source, position: int, options: ReencodeOptions) -> Pre
         key = source.key(position)
         data = source.read(position)
         label = int(source.label(position))
+        fields = read_fields(source, position, kinds) if kinds else None
     except Exception as error:
         return Prepared(position, key, -1, None, f"unreadable: {describe_error(error)}", 0)
     if not data:
@@ -103,16 +109,16 @@ def prepare_item(source: Source, position: int, options: ReencodeOptions) -> Pre
         packed = reencode(data, options)
     except Exception as error:
         return Prepared(position, key, label, None, f"undecodable: {describe_error(error)}", len(data))
-    return Prepared(position, key, label, packed, "", len(data))
+    return Prepared(position, key, label, packed, "", len(data), fields)
 
 
-# One reader process's source and options, set once by the pool initializer.
-_worker: tuple[Source, ReencodeOptions] | None = None
+# One reader process's source, options and field kinds, set once by the pool initializer.
+_worker: tuple[Source, ReencodeOptions, dict[str, str]] | None = None
 
 
 def _init_worker(source: Source, options: ReencodeOptions) -> None:
     global _worker
-    _worker = (source, options)
+    _worker = (source, options, field_kinds(source))
     # Ctrl-C reaches the whole process group: the main process handles it and closes the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -120,8 +126,8 @@ def _init_worker(source: Source, options: ReencodeOptions) -> None:
 def _prepare_range(start: int, stop: int) -> list[Prepared]:
     if _worker is None:
         raise RuntimeError("pack reader process used before its initializer ran")
-    source, options = _worker
-    return [prepare_item(source, position, options) for position in range(start, stop)]
+    source, options, kinds = _worker
+    return [prepare_item(source, position, options, kinds) for position in range(start, stop)]
 
 
 @contextlib.contextmanager
@@ -159,8 +165,9 @@ def prepared(
     """Every item from ``start`` on, prepared by the readers (or here when there are none), in order."""
     total = len(source)
     if pool is None:
+        kinds = field_kinds(source)
         for position in range(start, total):
-            yield prepare_item(source, position, options)
+            yield prepare_item(source, position, options, kinds)
         return
     pending: deque[tuple[Future[list[Prepared]], int]] = deque()
     for low in range(start, total, _CHUNK):

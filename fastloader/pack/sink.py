@@ -5,6 +5,9 @@ item to a sink; the sink owns durability and resume. A pack killed at any moment
 disk) and run again with the same arguments must end with every input exactly once: 0 lost, 0
 duplicated. So:
 
+* A sink is opened with the source's field kinds (``fields``: name -> kind, see
+  ``fastloader.fields.values``), part of the fingerprint; ``add`` gets each item's field values
+  (a subset of those names: an item may lack a field) and must keep them exactly.
 * ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
 * ``checkpoint()`` makes durable what the sink's unit of durability allows: everything handed over
   for an LMDB sink (one transaction), whole shards only for a tar sink (a shard is renamed into
@@ -22,6 +25,7 @@ duplicated. So:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fastloader.formats.bad_samples import BadSample
@@ -32,8 +36,8 @@ class Sink(Protocol):
         """The first source position not yet durably written or skipped (0 for a fresh destination)."""
         ...
 
-    def add(self, position: int, key: str, label: int, data: bytes) -> None:
-        """Append one encoded image (``key`` is the source's key, kept for reports and lookups)."""
+    def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
+        """Append one encoded image and its fields (``key`` is the source's key, kept for reports and lookups)."""
         ...
 
     def add_skipped(self, position: int, key: str, reason: str) -> None:

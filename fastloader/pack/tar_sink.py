@@ -29,6 +29,7 @@ import os
 import re
 import tarfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -117,7 +118,10 @@ class TarShardSink:
         *,
         shard_size: int = 10000,
         prefix: str = "shard",
+        fields: Mapping[str, str] | None = None,
     ) -> None:
+        if fields:
+            raise NotImplementedError(f"{dst_dir}: tar shards cannot hold fields yet ({', '.join(fields)})")
         if not isinstance(shard_size, int) or shard_size < 1:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
         if not prefix or "/" in prefix or prefix.startswith("."):
@@ -175,7 +179,7 @@ class TarShardSink:
     def resume_position(self) -> int:
         return self._state.position
 
-    def add(self, position: int, key: str, label: int, data: bytes) -> None:
+    def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
         self._check_position(position)
         ext = image_extension(data)
         if ext is None:

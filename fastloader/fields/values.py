@@ -1,0 +1,224 @@
+"""What a sample carries besides its image and label: named *fields*, each of one *kind*.
+
+A field is a value with a name: a caption, a JSON record, a multi-label vector, a mask's encoded
+bytes. Every format stores fields its own way (tar members by extension, ``tf.train.Example``
+features, Parquet columns, records of a fastloader LMDB); in Python a field is always one of
+seven kinds, so that it survives a trip through any format exactly:
+
+========  ======================  ==========================================================
+kind      Python value            canonical bytes (LMDB records, tar members)
+========  ======================  ==========================================================
+image     ``bytes`` (encoded)     as stored (JPEG, PNG, ...)
+bytes     ``bytes``               as stored
+text      ``str``                 UTF-8
+json      dict, list, str, ...    UTF-8 JSON
+int       ``int`` (int64)         ASCII decimal (WebDataset's ``.cls``)
+float     ``float`` (float64)     ``repr`` in ASCII: reads back bit for bit
+array     ``numpy.ndarray``       ``.npy`` (numeric dtypes only: never pickled)
+========  ======================  ==========================================================
+
+A source that carries fields implements :class:`FieldSource` on top of the image ``Source``
+protocol (``fastloader.datasets.base``). Nothing here is pickled, ever: unpickling untrusted data
+runs code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from fastloader.errors import FormatError
+
+KINDS = ("image", "bytes", "text", "json", "int", "float", "array")
+
+# WebDataset's default decoders, by the last part of a member's extension (``seg.png`` -> ``png``).
+IMAGE_EXTENSIONS = frozenset(("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff"))
+_TEXT_EXTENSIONS = frozenset(("txt", "text", "transcript"))
+_JSON_EXTENSIONS = frozenset(("json", "jsn"))
+_INT_EXTENSIONS = frozenset(("cls", "cls2", "class", "count", "index", "inx", "id", "label"))
+_ARRAY_EXTENSIONS = frozenset(("npy",))
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+class MissingField(FormatError):
+    """An item has no field of the name asked for (the message names the item's key and the field)."""
+
+
+@runtime_checkable
+class FieldSource(Protocol):
+    """A source whose items carry named fields besides the image and label.
+
+    ``field_kinds()`` names the fields items may carry and their kinds (see the module docstring);
+    the image and the label are not among them. ``read_field(i, name)`` is the value of item ``i``'s
+    field (raises :class:`MissingField`, naming the key, when item ``i`` has none).
+
+    A source may also have ``field_aliases()``: the format's own names of the image and the label
+    (``{"jpg": "image", "cls": "label"}`` for tar shards, ``{"image/encoded": "image", ...}`` for
+    TFRecord), so that users ask for fields in the format's naming (see :func:`aliases`).
+    """
+
+    def field_kinds(self) -> Mapping[str, str]: ...
+
+    def read_field(self, index: int, name: str) -> Any: ...
+
+
+def field_kinds(source: Any) -> dict[str, str]:
+    """The fields of ``source`` (``{}`` for a source of images and labels only), sorted by name."""
+    if not isinstance(source, FieldSource):
+        return {}
+    kinds = dict(sorted(source.field_kinds().items()))
+    for name, kind in kinds.items():
+        check_kind(kind, name)
+    return kinds
+
+
+def aliases(source: Any) -> dict[str, str]:
+    """The format's names for the image and label of ``source`` (``"image"`` and ``"label"`` always work)."""
+    names = {"image": "image", "label": "label"}
+    extra = getattr(source, "field_aliases", None)
+    if extra is not None:
+        for name, meaning in extra().items():
+            if meaning not in ("image", "label"):
+                raise ValueError(f"field_aliases: {name!r} must alias 'image' or 'label', got {meaning!r}")
+            names.setdefault(name, meaning)
+    return names
+
+
+def read_fields(source: Any, index: int, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every field item ``index`` carries (missing ones left out), each checked to be of its kind."""
+    kinds = field_kinds(source) if kinds is None else kinds
+    values: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        try:
+            value = source.read_field(index, name)
+        except MissingField:
+            continue
+        values[name] = check_value(kind, value, f"{source.key(index)}: field {name!r}")
+    return values
+
+
+def check_kind(kind: str, name: str = "") -> str:
+    if kind not in KINDS:
+        raise ValueError(f"field {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return kind
+
+
+def kind_of_extension(extension: str) -> str:
+    """The kind of a tar member's (or file's) extension, by WebDataset's conventions: the last
+    dotted part decides (``seg.png`` is an image, ``meta.json`` JSON); unknown ones are bytes."""
+    last = extension.lower().rsplit(".", 1)[-1]
+    if last in IMAGE_EXTENSIONS:
+        return "image"
+    if last in _TEXT_EXTENSIONS:
+        return "text"
+    if last in _JSON_EXTENSIONS:
+        return "json"
+    if last in _INT_EXTENSIONS:
+        return "int"
+    if last in _ARRAY_EXTENSIONS:
+        return "array"
+    return "bytes"
+
+
+def kind_of_value(value: Any) -> str:
+    """The kind a Python value is stored as (``bytes`` are ``bytes``, never guessed to be an image)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (bool, np.bool_)):
+        return "int"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    if isinstance(value, np.ndarray):
+        return "array"
+    if value is None or isinstance(value, (dict, list, tuple)):
+        return "json"
+    raise TypeError(f"a {type(value).__name__} is not a field value (bytes, str, int, float, ndarray or JSON)")
+
+
+def check_value(kind: str, value: Any, where: str) -> Any:
+    """``value`` in the Python type of ``kind`` (numpy scalars made plain); FormatError naming ``where``."""
+    if kind in ("image", "bytes"):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+    elif kind == "text":
+        if isinstance(value, str):
+            return value
+    elif kind == "int":
+        if isinstance(value, (int, np.integer)) and _INT64[0] <= int(value) < _INT64[1]:
+            return int(value)
+    elif kind == "float":
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            return float(value)
+    elif kind == "array":
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            return value
+    elif kind == "json":
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            pass
+        else:
+            return value
+    else:
+        check_kind(kind)
+    raise FormatError(f"{where}: a {type(value).__name__} is not a valid {kind} value")
+
+
+def encode_value(kind: str, value: Any) -> bytes:
+    """The canonical bytes of a field value (see the module docstring)."""
+    if kind in ("image", "bytes"):
+        return bytes(value)
+    if kind == "text":
+        return str(value).encode("utf-8")
+    if kind == "json":
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if kind == "int":
+        return str(int(value)).encode("ascii")
+    if kind == "float":
+        return repr(float(value)).encode("ascii")
+    if kind == "array":
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise ValueError(f"an array field must be numeric or bool, got dtype {array.dtype}")
+        out = io.BytesIO()
+        np.lib.format.write_array(out, array, allow_pickle=False)
+        return out.getvalue()
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+def decode_value(kind: str, data: bytes | memoryview, where: str) -> Any:
+    """A field value from its canonical bytes; FormatError naming ``where`` when they are not one."""
+    try:
+        if kind in ("image", "bytes"):
+            return bytes(data)
+        if kind == "text":
+            return bytes(data).decode("utf-8")
+        if kind == "json":
+            return json.loads(bytes(data).decode("utf-8"))
+        if kind == "int":
+            value = int(bytes(data).decode("ascii").strip())
+            if not _INT64[0] <= value < _INT64[1]:
+                raise ValueError("out of int64 range")
+            return value
+        if kind == "float":
+            number = float(bytes(data).decode("ascii").strip())
+            if math.isnan(number) and b"nan" not in bytes(data).lower():
+                raise ValueError("not a number")
+            return number
+        if kind == "array":
+            array = np.lib.format.read_array(io.BytesIO(bytes(data)), allow_pickle=False)
+            if array.dtype.kind not in "biuf":
+                raise ValueError(f"dtype {array.dtype} is not numeric")
+            return array
+    except (UnicodeDecodeError, ValueError, EOFError, OSError) as error:
+        raise FormatError(f"{where}: not a valid {kind} value ({type(error).__name__}: {error})") from None
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
