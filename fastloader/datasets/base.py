@@ -20,6 +20,11 @@ work on any dataset: ``set_cache(path)`` keeps decoded images of a fixed transfo
 epochs (``fastloader.image.decoded_cache``), and ``set_decode_device("cuda")`` leaves decoding to the
 GPU (items are then ``EncodedImage`` with their crop plan).
 
+Samples with more than a label: a source that also implements ``fastloader.fields.FieldSource``
+gives its fields to a dataset created with ``fields=("jpg", "txt", "json")`` (items are tuples in
+that order) or ``fields={"image": "jpg", "caption": "txt"}`` (items are dicts); masks and boxes
+(``fastloader.fields.Mask`` / ``Boxes``) move with the image's crop (see ``fastloader.fields``).
+
 Sources must hold no per-sample Python objects (at 10M samples each worker's refcount writes
 would copy-on-write them into GBs): keep indexes in numpy arrays, ideally memory-mapped, and open
 files / environments lazily in each process (see ``ProcessLocal``).
@@ -27,9 +32,10 @@ files / environments lazily in each process (see ``ProcessLocal``).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -38,9 +44,13 @@ from torch.utils.data import Dataset
 
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
 from fastloader.errors import DecodeError
-from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
-from fastloader.image.decode import check_pixels, read_header
+from fastloader.fields.reader import FieldReader, to_tv_tensors
+from fastloader.fields.specs import Layout, Spec, resolve
+from fastloader.fields.values import aliases, field_kinds
+from fastloader.image.batching import EncodedImage, FieldBatch, PrecollatedBatch, allocate_batch
+from fastloader.image.decode import check_pixels, decode_plan, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
+from fastloader.image.geometry import CropPlan
 from fastloader.loader.stage_clock import timed
 from fastloader.transforms.fused import FusedTransform
 
@@ -97,6 +107,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     instead gets the encoded bytes and decodes them itself (see the module docstring); ``cache``, a
     path, is :meth:`set_cache`.
 
+    ``fields``: what an item holds besides ``(image, label)`` (see the module docstring and
+    ``fastloader.fields.specs``): a sequence gives tuple items, a mapping dict items.
+
     One seam: ``ds[i]``, the batched path and the error policy all get an item through ``_item``, whose
     image comes from :meth:`_image` (the one override point: ImageFolder's ``loader(path)`` is one).
     """
@@ -109,6 +122,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         decode: Callable[[bytes, str], Any] = decode_pil,
         *,
         cache: str | os.PathLike[str] | None = None,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(f"source must provide __len__, read, label and key; got {type(source).__name__}")
@@ -122,6 +136,12 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self._cache: DecodedCache | None = None
         self._cached_transform: FusedTransform | None = None
         self._errors: ErrorPolicy | None = None
+        self.fields = fields
+        self._layout: Layout | None = None
+        self._fields: FieldReader | None = None
+        if fields is not None:
+            self._layout = resolve(fields, field_kinds(source), aliases(source))
+            self._fields = FieldReader(source, self._layout)
         if cache is not None:
             self.set_cache(cache)
 
@@ -135,7 +155,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         # One item cannot be skipped: "skip" replaces it here (batches skip in __getitems__).
         return self._errors.fetch(index, self.source.key, self._item, allow_skip=False)  # type: ignore[return-value]
 
-    def _item(self, index: int) -> tuple[Any, Any]:
+    def _item(self, index: int) -> Any:
+        if self._layout is not None:
+            return self._sample(index)
         fused = self._fused()
         if fused is not None:
             return self._fused_image(fused, index), self._label(index)
@@ -151,6 +173,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         """Items ``indices`` as one :class:`~fastloader.batching.PrecollatedBatch` when the transform
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
+        if self._layout is not None:
+            return self._sample_batch(indices)
         fused = self._fused()
         size = fused.output_size if fused is not None else None
         policy = self._errors
@@ -237,6 +261,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         fused = self._fused()
         if fused is None:
             raise ValueError(f"cache needs a fastloader transform with the default decode; got {self.transform!r}")
+        if self._layout is not None and self._layout.annotations:
+            raise ValueError("cache: a dataset whose masks or boxes follow the crop reads its images, not a cache")
         if fused.is_random:
             raise ValueError(
                 f"cache needs a fixed transform, but {fused.describe()} draws random crops or flips:"
@@ -310,6 +336,128 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             fused.decode_into(data, out, self.source.key(index))
         if cache is not None:
             cache.write(index, out)
+
+    # -- samples with fields (fastloader.fields) ---------------------------------------------------
+
+    def _sample_batch(self, indices: Sequence[int]) -> FieldBatch:
+        """Items ``indices`` as a :class:`FieldBatch`; fixed-size images decoded into one batch buffer."""
+        layout, fused, policy = self._layout, self._fused(), self._errors
+        assert layout is not None
+        size = fused.output_size if fused is not None else None
+        buffered = size is not None and self._decode_device == "cpu" and layout.wants_image
+        buffer = allocate_batch(len(indices), *size) if buffered and size is not None else None
+        pixels = None if buffer is None else buffer.numpy()
+        samples, kept = [], []
+        for slot, index in enumerate(indices):
+            index = check_index(index, len(self.source))
+            out = None if pixels is None else pixels[slot]
+            if policy is None:
+                sample = self._sample(index, out)
+            else:
+                sample = policy.fetch(index, self.source.key, functools.partial(self._sample, out=out))
+            if sample is not None:
+                samples.append(sample)
+                kept.append(slot)
+        if buffer is not None and len(kept) < len(indices):
+            buffer = buffer[kept]  # skipped samples: a shorter batch
+        return FieldBatch.collate(layout, samples, buffer)
+
+    def _sample(self, index: int, out: np.ndarray | None = None) -> Any:
+        """Item ``index`` as its layout asks; with ``out``, the image is decoded into it (and left out)."""
+        layout, reader, fused = self._layout, self._fields, self._fused()
+        assert layout is not None and reader is not None
+        image: Any = None
+        plan: CropPlan | None = None
+        source_size: tuple[int, int] | None = None
+        if layout.annotations and fused is not None:
+            image, plan = self._planned_image(fused, index, out, layout.wants_image)
+            source_size = plan.source_size
+        elif layout.wants_image or layout.annotations:
+            if fused is not None and out is not None:
+                self._decode_into(fused, index, out)
+            elif fused is not None:
+                image = self._fused_image(fused, index)
+            else:
+                image = self._image(index)
+                source_size = _image_size(image)
+        with timed("read"):
+            values = reader.read(index, source_size)
+        if layout.annotations:
+            with timed("transform"):
+                if plan is not None:
+                    reader.follow(values, plan)
+                    tail = fused.tail if fused is not None else ()
+                else:
+                    tail = () if self.transform is None else (self.transform,)
+                image = self._transform_with(tail, image, values, layout)
+                reader.finish(values)
+        for output in layout.outputs:
+            if output.role == "image":
+                values[output.name] = image
+            elif output.role == "label":
+                values[output.name] = self._label(index)
+        return layout.assemble(values)
+
+    def _planned_image(
+        self, fused: FusedTransform, index: int, out: np.ndarray | None, decode: bool
+    ) -> tuple[Any, CropPlan]:
+        """The image through the fused steps and its crop plan (which masks and boxes follow)."""
+        with timed("read"):
+            data, key = self.source.read(index), self.source.key(index)
+        with timed("decode"):
+            header = read_header(data, key)
+            plan = fused.plan(header.width, header.height)
+            if self._decode_device != "cpu":
+                return EncodedImage(data, plan, key, header), plan
+            if not decode:
+                return None, plan
+            pixels = decode_plan(data, plan, key, out, fast=not fused.exact_decode, header=header)
+        return (None if out is not None else torch.from_numpy(pixels).permute(2, 0, 1)), plan
+
+    def _transform_with(
+        self, transforms: Sequence[Callable[[Any], Any]], image: Any, values: dict[str, Any], layout: Layout
+    ) -> Any:
+        """Apply ``transforms`` to the image; torchvision v2 ones also to the masks and boxes of ``values``
+        (as ``tv_tensors``), which they move with it. Others see the image only."""
+        if not transforms:
+            return image
+        if image is None:
+            raise ValueError(f"{self.transform!r}: masks or boxes with this transform need the image in fields")
+        geometric = [t for t in transforms if not _is_v2(t)]
+        if image is not None and not isinstance(image, torch.Tensor) and geometric:
+            raise ValueError(
+                f"masks and boxes move with the image through fastloader transforms or torchvision.transforms.v2 ones;"
+                f" {geometric[0]!r} is neither (it would move the pixels and leave the annotations behind)"
+            )
+        annotations = to_tv_tensors(values, layout, _canvas(image))
+        for transform in transforms:
+            if _is_v2(transform):
+                image, annotations = transform(image, annotations)  # type: ignore[call-arg]
+            else:
+                image = transform(image)
+        for name, value in annotations.items():
+            values[name] = value
+        return image
+
+
+def _is_v2(transform: Any) -> bool:
+    """A torchvision v2 transform (it moves tv_tensors masks and boxes with the image)."""
+    return type(transform).__module__.startswith("torchvision.transforms.v2")
+
+
+def _image_size(image: Any) -> tuple[int, int] | None:
+    """(width, height) of a PIL image or a [..., H, W] tensor; None for anything else."""
+    if isinstance(image, torch.Tensor):
+        return int(image.shape[-1]), int(image.shape[-2])
+    size = getattr(image, "size", None)
+    return (int(size[0]), int(size[1])) if isinstance(size, tuple) and len(size) == 2 else None
+
+
+def _canvas(image: Any) -> tuple[int, int]:
+    size = _image_size(image)
+    if size is None:
+        raise ValueError(f"cannot tell the size of {type(image).__name__} to move masks and boxes with it")
+    return size[1], size[0]
 
 
 class ProcessLocal(Generic[T]):

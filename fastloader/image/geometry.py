@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 Box = tuple[int, int, int, int]
 FloatBox = tuple[float, float, float, float]
+# One geometric step as torchvision applies it, in order: ("crop", (x0, y0, x1, y1)) in the current
+# image's pixels (may extend past it: zero padding), ("center_crop", box) likewise, ("resize",
+# (width, height)), ("flip", ()).
+# Masks and boxes replay these steps one by one (fastloader.image.annotations), which is what makes
+# them equal torchvision's; pixels take the folded box, one resampling instead of several.
+Step = tuple[str, tuple[int, ...]]
 
 # A box coordinate closer than this to an integer is that integer (float noise of the fold).
 _EPSILON = 1e-6
@@ -46,6 +52,10 @@ class CropPlan:
     flip: bool
     exact_box: FloatBox | None = None
     interpolation: str = "bilinear"
+    # The source image's (width, height) and the steps that made the plan (see ``Step``): empty for a
+    # plan built by hand, which then holds only the folded box.
+    source_size: tuple[int, int] | None = field(default=None, compare=False)
+    steps: tuple[Step, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         x0, y0, x1, y1 = self.box
@@ -155,21 +165,29 @@ class Frame:
     ay: float = 1.0
     by: float = 0.0
     interpolation: str = "bilinear"
+    source: tuple[int, int] | None = None  # the source image's (width, height); None: this frame's own
+    steps: tuple[Step, ...] = ()
+
+    def _source(self) -> tuple[int, int]:
+        return self.source if self.source is not None else (self.width, self.height)
 
     def resized(self, width: int, height: int, interpolation: str) -> Frame:
         if (width, height) == (self.width, self.height):
             return self  # torchvision returns the image unchanged: no resampling
         ax, ay = self.ax * self.width / width, self.ay * self.height / height
-        return Frame(width, height, ax, self.bx, ay, self.by, interpolation)
+        steps = (*self.steps, ("resize", (width, height)))
+        return Frame(width, height, ax, self.bx, ay, self.by, interpolation, self._source(), steps)
 
-    def cropped(self, box: Box) -> Frame:
+    def cropped(self, box: Box, step: str = "crop") -> Frame:
         x0, y0, x1, y1 = box
         bx, by = self.bx + self.ax * x0, self.by + self.ay * y0
-        return Frame(x1 - x0, y1 - y0, self.ax, bx, self.ay, by, self.interpolation)
+        steps = (*self.steps, (step, tuple(box)))
+        return Frame(x1 - x0, y1 - y0, self.ax, bx, self.ay, by, self.interpolation, self._source(), steps)
 
     def flipped(self) -> Frame:
         bx = self.bx + self.ax * self.width
-        return Frame(self.width, self.height, -self.ax, bx, self.ay, self.by, self.interpolation)
+        steps = (*self.steps, ("flip", ()))
+        return Frame(self.width, self.height, -self.ax, bx, self.ay, self.by, self.interpolation, self._source(), steps)
 
     def to_plan(self) -> CropPlan:
         xa, xb = self.bx, self.bx + self.ax * self.width
@@ -183,6 +201,8 @@ class Frame:
             flip=self.ax < 0,
             exact_box=exact if fractional else None,
             interpolation=self.interpolation,
+            source_size=self._source(),
+            steps=self.steps,
         )
 
 

@@ -33,9 +33,11 @@ def is_encoded_batch(value: Any) -> bool:
 
 
 def decode_encoded(batch: Any, device: torch.device) -> Any:
-    """``batch`` with its list of encoded images (top level of a tuple / list) replaced by a uint8 tensor."""
+    """``batch`` with its list of encoded images (top level of a tuple / list / dict) replaced by a uint8 tensor."""
     if is_encoded_batch(batch):
         return decode_batch(batch, device)
+    if isinstance(batch, dict) and any(is_encoded_batch(part) for part in batch.values()):
+        return {name: decode_batch(part, device) if is_encoded_batch(part) else part for name, part in batch.items()}
     if isinstance(batch, (tuple, list)) and any(is_encoded_batch(part) for part in batch):
         parts = [decode_batch(part, device) if is_encoded_batch(part) else part for part in batch]
         return type(batch)(parts) if isinstance(batch, tuple) and not hasattr(batch, "_fields") else parts

@@ -253,7 +253,7 @@ class CenterCrop(FusedTransform):
         self.size = _pair(size, "size")
 
     def _fold(self, frame: Frame, generator: torch.Generator | None) -> Frame:
-        return frame.cropped(center_crop_box(frame.width, frame.height, self.size))
+        return frame.cropped(center_crop_box(frame.width, frame.height, self.size), "center_crop")
 
     def _apply(self, image: Any) -> Any:
         functional, _ = _torchvision("bilinear")

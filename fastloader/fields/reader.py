@@ -1,0 +1,164 @@
+"""Read one sample's fields, masks and boxes, and move the masks and boxes with the image.
+
+Used by ``ImageDataset`` for datasets given ``fields=``: the image and label come from the dataset's
+own path (fused decode, error policy, cache), everything else from here. Annotations are read in
+the source image's geometry (:meth:`FieldReader.read`), then follow the image's crop plan
+(:meth:`FieldReader.follow`) or a torchvision v2 transform (the dataset hands them over as
+``tv_tensors``), then lose the boxes the crop emptied (:meth:`FieldReader.finish`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastloader.errors import DecodeError, FormatError
+from fastloader.fields.specs import Boxes, Layout, Output
+from fastloader.image.annotations import follow_boxes, follow_mask, keep_boxes, to_xyxy
+from fastloader.image.decode import check_pixels
+from fastloader.image.geometry import CropPlan
+
+
+def decode_mask(data: bytes, key: str) -> np.ndarray:
+    """A mask image's values as stored: palette indices, 8 / 16-bit levels or channels; never converted."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image: Image.Image = Image.open(io.BytesIO(data))
+        check_pixels(*image.size, key)
+        image.load()
+    except DecodeError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+        raise DecodeError(f"{key}: cannot decode the mask ({type(error).__name__}: {error})") from error
+    if image.mode == "1":
+        image = image.convert("L")
+    return np.array(image)  # writable: torch tensors are made of it
+
+
+def _walk(value: Any, parts: list[str], where: str) -> Any:
+    """``value`` at the dotted ``parts`` of a JSON path; ``*`` maps over a list."""
+    if not parts:
+        return value
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        if not isinstance(value, list):
+            raise FormatError(f"{where}: expected a list at '*', found {type(value).__name__}")
+        return [_walk(item, rest, where) for item in value]
+    if not isinstance(value, dict) or head not in value:
+        raise FormatError(f"{where}: no key {head!r} in the JSON")
+    return _walk(value[head], rest, where)
+
+
+class FieldReader:
+    """The non-image outputs of a :class:`~fastloader.fields.specs.Layout` over a field source."""
+
+    def __init__(self, source: Any, layout: Layout) -> None:
+        self.source = source
+        self.layout = layout
+        self._outputs = tuple(output for output in layout.outputs if output.role in ("field", "mask", "boxes"))
+
+    def read(self, index: int, source_size: tuple[int, int] | None) -> dict[str, Any]:
+        """The fields of item ``index``; masks (numpy) and boxes (XYXY float32) in source pixels.
+
+        ``source_size``: the image's (width, height), needed by normalized boxes."""
+        values: dict[str, Any] = {}
+        for output in self._outputs:
+            if output.role == "field":
+                values[output.name] = self.source.read_field(index, output.spec)
+            elif output.role == "mask":
+                data = self.source.read_field(index, output.spec.name)  # type: ignore[union-attr]
+                values[output.name] = decode_mask(data, f"{self.source.key(index)}: field {output.spec.name!r}")  # type: ignore[union-attr]
+            else:
+                values[output.name] = self._boxes(index, output, source_size)
+        return values
+
+    def follow(self, values: dict[str, Any], plan: CropPlan) -> None:
+        """Move the masks and boxes of ``values`` (in place) with the image's crop plan."""
+        for output in self.layout.annotations:
+            value = values[output.name]
+            if output.role == "mask":
+                values[output.name] = follow_mask(value, plan)
+            else:
+                value["boxes"] = follow_boxes(value["boxes"], plan)
+
+    def finish(self, values: dict[str, Any]) -> None:
+        """Final types (in place): masks as tensors, boxes without those the crop emptied."""
+        for output in self.layout.annotations:
+            value = values[output.name]
+            if output.role == "mask":
+                if isinstance(value, np.ndarray):
+                    values[output.name] = torch.from_numpy(np.ascontiguousarray(value))
+                continue
+            spec: Boxes = output.spec  # type: ignore[assignment]
+            boxes = (
+                value["boxes"].as_subclass(torch.Tensor) if isinstance(value["boxes"], torch.Tensor) else value["boxes"]
+            )
+            labels = value.get("labels")
+            if spec.min_size is not None:
+                keep = keep_boxes(boxes, spec.min_size)
+                boxes = boxes[keep]
+                labels = None if labels is None else labels.as_subclass(torch.Tensor)[keep]
+            values[output.name] = boxes if spec.labels is None else {"boxes": boxes, "labels": labels}
+
+    def _boxes(self, index: int, output: Output, source_size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        spec: Boxes = output.spec  # type: ignore[assignment]
+        where = f"{self.source.key(index)}: field {spec.name!r}"
+        labels: Any = None
+        if len(spec.sources) == 4:
+            columns = [
+                np.asarray(self.source.read_field(index, name), dtype=np.float64).reshape(-1) for name in spec.sources
+            ]
+            if len({len(column) for column in columns}) != 1:
+                raise FormatError(f"{where}: the four box fields hold {[len(c) for c in columns]} values")
+            numbers: Any = np.stack(columns, axis=1)
+        else:
+            stored = self.source.read_field(index, spec.name)
+            numbers = stored if spec.path is None else _walk(stored, spec.path.split("."), where)
+            if spec.labels is not None:
+                labels = (
+                    self.source.read_field(index, spec.labels)
+                    if output.kind == "array"
+                    else _walk(stored, spec.labels.split("."), where)
+                )
+        try:
+            array = np.asarray(numbers, dtype=np.float32).reshape(-1, 4)
+        except (TypeError, ValueError):
+            raise FormatError(f"{where}: boxes must be groups of 4 numbers, got {str(numbers)[:80]}") from None
+        boxes = to_xyxy(torch.from_numpy(array.copy()), spec.format)
+        if spec.normalized:
+            if source_size is None:
+                raise ValueError(f"{where}: normalized boxes need the image's size")
+            width, height = source_size
+            boxes = boxes * torch.tensor([width, height, width, height], dtype=torch.float32)
+        value = {"boxes": boxes}
+        if spec.labels is not None:
+            try:
+                label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
+            except (TypeError, ValueError):
+                raise FormatError(f"{where}: box labels must be integers, got {str(labels)[:80]}") from None
+            if len(label_array) != len(boxes):
+                raise FormatError(f"{where}: {len(boxes)} boxes but {len(label_array)} labels")
+            value["labels"] = torch.from_numpy(label_array)
+        return value
+
+
+def to_tv_tensors(values: Mapping[str, Any], layout: Layout, canvas: tuple[int, int]) -> dict[str, Any]:
+    """Masks and boxes of ``values`` as torchvision ``tv_tensors`` (``canvas``: the image's (height, width)),
+    for a torchvision v2 transform to move them with the image."""
+    from torchvision import tv_tensors
+
+    wrapped: dict[str, Any] = {}
+    for output in layout.annotations:
+        value = values[output.name]
+        if output.role == "mask":
+            mask = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+            wrapped[output.name] = tv_tensors.Mask(mask)
+        else:
+            boxes = tv_tensors.BoundingBoxes(value["boxes"], format="XYXY", canvas_size=canvas)
+            wrapped[output.name] = {**value, "boxes": boxes}
+    return wrapped
