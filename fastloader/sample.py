@@ -45,10 +45,21 @@ def _target_size(rng: np.random.Generator) -> tuple[int, int]:
 
 
 def _render(rng: np.random.Generator) -> np.ndarray:
+    return render_photo(rng)[0]
+
+
+def photo_names() -> list[str]:
+    """The sample photographs' names (``astronaut``, ...), in the order :func:`render_photo` numbers them."""
+    return [path.stem for path in sorted(PHOTOS.glob("*.jpg"))]
+
+
+def render_photo(rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """An ImageNet-like image cut from a sample photograph (see the module docstring), and the photograph's number."""
     from PIL import Image
 
     photos = _photos()
-    photo = photos[int(rng.integers(len(photos)))]
+    number = int(rng.integers(len(photos)))
+    photo = photos[number]
     width, height = _target_size(rng)
     ph, pw = photo.shape[:2]
     # The largest crop of the photo's area fraction `scale` with the target's aspect ratio.
@@ -67,7 +78,7 @@ def _render(rng: np.random.Generator) -> np.ndarray:
     # (file size and decode cost), which smooth upscaled crops alone lack.
     grain = rng.normal(0.0, rng.uniform(5.0, 10.0), size=pixels.shape[:2])[..., None]
     pixels += (grain + rng.normal(0.0, 2.0, size=pixels.shape)).astype(np.float32)
-    return np.clip(pixels, 0, 255).astype(np.uint8)
+    return np.clip(pixels, 0, 255).astype(np.uint8), number
 
 
 def _write_one(job: tuple[str, int, int]) -> int:

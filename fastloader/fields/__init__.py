@@ -1,9 +1,19 @@
 """Samples beyond ``(image, label)``: named fields of seven kinds, read from every format.
 
-``fastloader.fields.values`` holds the kinds and their exact encodings (what ``fastloader pack``
-writes into any format); sources that carry fields implement :class:`FieldSource`.
+``values.py`` holds the kinds and their exact encodings (what ``fastloader pack`` writes into any
+format; sources that carry fields implement :class:`FieldSource`); ``specs.py`` what a dataset's
+``fields=`` may ask for (names, :class:`Mask`, :class:`Boxes`); ``reader.py`` reads them for one
+sample and moves masks and boxes with the image::
+
+    from fastloader.fields import Boxes, Mask
+
+    dataset = TarShardDataset("scenes-{000000..000001}.tar", transform=T.Compose([T.RandomResizedCrop(512)]),
+                              fields={"image": "jpg", "mask": Mask("seg.png"),
+                                      "target": Boxes("json", path="annotations.*.bbox", format="xywh",
+                                                      labels="annotations.*.category_id")})
 """
 
+from fastloader.fields.specs import Boxes, Mask
 from fastloader.fields.values import KINDS, FieldSource, MissingField, field_kinds, read_fields
 
-__all__ = ["KINDS", "FieldSource", "MissingField", "field_kinds", "read_fields"]
+__all__ = ["KINDS", "Boxes", "FieldSource", "Mask", "MissingField", "field_kinds", "read_fields"]
