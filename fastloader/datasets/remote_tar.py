@@ -7,7 +7,11 @@ plain WebDataset shards (every ``*.tar`` under the prefix, in key order).
 * **Indexes.** Each shard's index is kept locally (``$FASTLOADER_CACHE/s3/...``). It comes from the
   ``.fl-idx`` object beside the shard when there is one (a small GET), else from the shard itself,
   fetched once into the shard cache and walked as a local shard is. An index is current while the
-  object's size is unchanged. The catalog of all shards is then built as for local shards.
+  object's size is unchanged. The catalog of all shards is then built as for local shards. An
+  ``.fl-idx`` uploaded by an older fastloader (index version 1) is upgraded without fetching its shard
+  (a pack's shards held nothing but images and labels then: see ``fastloader.formats.tar_shards``).
+* **Fields**: as for local shards (``fastloader.datasets.tar``): every other member of a sample, by
+  extension, or by the names and kinds the pack's manifest records.
 * **Reads.** Samples are read from whole shards in the local shard cache
   (:class:`~fastloader.remote.shard_cache.ShardCache`, size-limited, shared by every worker and rank
   of the machine), fetched with several ranged GETs in flight on a miss, with retries
@@ -32,18 +36,23 @@ from pathlib import Path
 from typing import Any
 
 from fastloader.datasets.base import ProcessLocal
-from fastloader.datasets.tar import CatalogSource, write_catalog
+from fastloader.datasets.tar import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
-from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
-from fastloader.formats.tar_shards import IMAGE_EXTS, INDEX_KIND, INDEX_SUFFIX, INDEX_VERSION, build_shard_index
+from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
+from fastloader.formats.tar_shards import (
+    IMAGE_EXTS,
+    INDEX_KIND,
+    INDEX_SUFFIX,
+    INDEX_VERSION,
+    build_shard_index,
+    upgrade_index,
+)
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.shard_cache import ShardCache
 from fastloader.remote.url import S3Url
 from fastloader.storage import cache_dir
 
-CATALOG_KIND = "tar-catalog"
-CATALOG_VERSION = 1
 DEFAULT_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
 PREFETCH_THREADS = 2  # shards fetched ahead at once, by the training process
 
@@ -97,18 +106,18 @@ class RemoteTarShardSource(CatalogSource):
         self.store = store or S3Store(endpoint_url)
         self.cache = ShardCache(cache if cache is not None else cache_dir() / "s3-shards", cache_limit)
         objects = dict(self.store.list(self.url))
-        shards, self.classes = self._shard_list(objects)
+        shards, self.classes, recorded = self._shard_list(objects)
         if not shards:
             raise FormatError(f"{self.url}: no tar shards there (no {MANIFEST_NAME} and no *.tar object)")
         self.shards = tuple(str(shard.url) for shard in shards)
         locate = _CachedShards(self.store, self.cache, tuple(shards))
         indexes = [self._index(shard, objects, locate, number) for number, shard in enumerate(shards)]
-        self._attach(self._load_catalog(shards, indexes), locate)
+        self._attach(self._load_catalog(shards, indexes), locate, recorded)
         self._locate = locate
         self._prefetcher = ProcessLocal(partial(ThreadPoolExecutor, PREFETCH_THREADS, "fastloader-prefetch"))
         self._asked: deque[int] = deque(maxlen=16)  # recently asked: each window is asked for twice
 
-    def _shard_list(self, objects: dict[str, int]) -> tuple[list[_Shard], list[str] | None]:
+    def _shard_list(self, objects: dict[str, int]) -> tuple[list[_Shard], list[str] | None, dict[str, FieldMember]]:
         manifest_key = self.url.child(MANIFEST_NAME).key
         if manifest_key not in objects and self.url.child(PROGRESS_NAME).key in objects:
             raise FormatError(
@@ -128,9 +137,9 @@ class RemoteTarShardSource(CatalogSource):
                 if "/" in record.name or key not in objects:
                     raise FormatError(f"{self.url}/{MANIFEST_NAME}: shard {record.name!r} is missing")
                 shards.append(_Shard(self.url.child(record.name), objects[key]))
-            return shards, state.classes
+            return shards, state.classes, state.fields
         keys = sorted(key for key in objects if key.endswith(".tar"))
-        return [_Shard(S3Url(self.url.bucket, key), objects[key]) for key in keys], None
+        return [_Shard(S3Url(self.url.bucket, key), objects[key]) for key in keys], None, {}
 
     def _index(self, shard: _Shard, objects: dict[str, int], locate: _CachedShards, number: int) -> IndexFile:
         """The shard's index: local when current (same object size), else its .fl-idx object, else built."""
@@ -138,21 +147,24 @@ class RemoteTarShardSource(CatalogSource):
         path = _mirror(self.url) / "index" / f"{name}{INDEX_SUFFIX}"
         path.parent.mkdir(parents=True, exist_ok=True)
 
+        def fits(meta: Any) -> bool:
+            return bool(meta.get("shard_size") == shard.size and meta.get("image_exts") == list(self.image_exts))
+
         def current() -> IndexFile | None:
             try:
                 index = read_index(path, INDEX_KIND, INDEX_VERSION)
             except (FileNotFoundError, FormatError):
                 return None
-            fits = index.meta.get("shard_size") == shard.size and index.meta.get("image_exts") == list(self.image_exts)
-            return index if fits else None
+            return index if fits(index.meta) else None
 
         def build() -> IndexFile:
+            found = upgrade_index(path, fits)  # kept here by an older fastloader
             remote_index = f"{shard.url.key}{INDEX_SUFFIX}"
-            if remote_index in objects:  # uploaded by `fastloader pack ... s3://`
+            if found is None and remote_index in objects:  # uploaded by `fastloader pack ... s3://`
                 path.write_bytes(self.store.get(S3Url(shard.url.bucket, remote_index)))
-                found = current()
-                if found is not None:
-                    return found
+                found = current() or upgrade_index(path, fits)
+            if found is not None:
+                return found
             return build_shard_index(locate(number), path, self.image_exts)  # walks the cached shard
 
         return cached_index(path, current, build)

@@ -8,8 +8,15 @@ memory maps keeps each worker's file descriptors and page tables bounded at 10M 
 files are opened lazily in each process, at most ``_MAX_OPEN_SHARDS`` at a time, and read with
 ``os.pread``.
 
+Every member of a sample besides its image and label is one of its *fields* (``fastloader.fields``),
+named by its extension (``txt``, ``json``, ``seg.png``; a second image of a sample, e.g. a ``png`` next
+to the ``jpg`` chosen as the image, too), with the kind WebDataset's conventions give that extension.
+The catalog keeps them as the shard indexes do: CSR arrays ``member_starts`` / ``member_ext`` /
+``member_offset`` / ``member_size`` (extension codes into ``meta["member_exts"]``), so a field is one
+``pread``. Members with a label extension (``cls``, ``cls2``, ``class``, ``label``) are never fields.
+
 ``pattern`` may also be the output directory of ``fastloader pack --format tar``; its manifest
-gives the shard list and the class names.
+gives the shard list, the class names and the fields' original names and kinds.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import hashlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,14 +34,15 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField, decode_value, kind_of_extension
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at, write_index
 from fastloader.formats.patterns import expand_pattern
-from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
-from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
+from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
+from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS, load_shard_index
 from fastloader.storage import cache_dir
 
 CATALOG_KIND = "tar-catalog"
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
 _MAX_OPEN_SHARDS = 64  # file descriptors per process; shards beyond are reopened as needed
 
 
@@ -56,12 +64,15 @@ def read_pack_manifest(dst_dir: str | os.PathLike[str]) -> TarPackState:
     return state
 
 
-def _shard_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], list[str] | None]:
-    """The shard paths a pattern (or a pack directory) names, and the class names when known."""
+def _shard_list(
+    pattern: str | os.PathLike[str] | list[str],
+) -> tuple[list[str], list[str] | None, dict[str, FieldMember]]:
+    """The shard paths a pattern (or a pack directory) names, and the class names and fields a pack records."""
     if not isinstance(pattern, list) and os.path.isdir(pattern):
         state = read_pack_manifest(pattern)
-        return [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards], state.classes
-    return expand_pattern(pattern), None
+        shards = [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards]
+        return shards, state.classes, state.fields
+    return expand_pattern(pattern), None, {}
 
 
 def _catalog_path(shards: Sequence[str], image_exts: Sequence[str]) -> Path:
@@ -77,11 +88,16 @@ def _shard_stats(shards: Sequence[str]) -> list[list[Any]]:
 def _concat_strings(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Join ``pack_strings`` (blob, offsets) pairs into one pair."""
     blob = np.concatenate([pair[0] for pair in pairs]) if pairs else np.zeros(0, np.uint8)
-    parts, base = [np.zeros(1, np.int64)], 0
-    for pair_blob, offsets in pairs:
-        parts.append(np.asarray(offsets[1:]) + base)
-        base += len(pair_blob)
-    return blob, np.concatenate(parts)
+    return blob, _concat_offsets([(offsets, len(pair_blob)) for pair_blob, offsets in pairs])
+
+
+def _concat_offsets(parts: Sequence[tuple[np.ndarray, int]]) -> np.ndarray:
+    """Join CSR offset arrays (each starting at 0, with the length of what it indexes) into one."""
+    joined, base = [np.zeros(1, np.int64)], 0
+    for offsets, length in parts:
+        joined.append(np.asarray(offsets[1:]) + base)
+        base += length
+    return np.concatenate(joined)
 
 
 def _build_catalog(
@@ -109,6 +125,15 @@ def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any
         remap = np.array([exts.index(ext) for ext in index.meta["exts"]] or [0], dtype=np.uint8)
         return remap[np.asarray(index.arrays["ext"])]
 
+    member_exts: dict[str, int] = {}  # every shard's member extensions, numbered in order of appearance
+    for index in indexes:
+        for ext in index.meta["member_exts"]:
+            member_exts.setdefault(ext, len(member_exts))
+
+    def member_codes(index: IndexFile) -> np.ndarray:
+        remap = np.array([member_exts[ext] for ext in index.meta["member_exts"]] or [0], dtype=np.int32)
+        return remap[np.asarray(index.arrays["member_ext"])]
+
     counts = [int(index.meta["samples"]) for index in indexes]
     arrays = {
         "starts": np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64),
@@ -116,6 +141,12 @@ def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any
         "data_size": column("data_size", np.int64),
         "label": column("label", np.int64),
         "ext": np.concatenate([ext_codes(index) for index in indexes] or [np.zeros(0, np.uint8)]),
+        "member_starts": _concat_offsets(
+            [(index.arrays["member_starts"], len(index.arrays["member_ext"])) for index in indexes]
+        ),
+        "member_ext": np.concatenate([member_codes(index) for index in indexes] or [np.zeros(0, np.int32)]),
+        "member_offset": column("member_offset", np.int64),
+        "member_size": column("member_size", np.int64),
     }
     arrays["key_blob"], arrays["key_offsets"] = _concat_strings(
         [(index.arrays["key_blob"], index.arrays["key_offsets"]) for index in indexes]
@@ -129,6 +160,7 @@ def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any
         "shards": identities,
         "image_exts": list(image_exts),
         "exts": exts,
+        "member_exts": list(member_exts),
         "no_image": sum(int(index.meta["no_image"]) for index in indexes),
         "ignored": sum(int(index.meta["ignored"]) for index in indexes),
     }
@@ -207,13 +239,20 @@ class OpenShards:
 class CatalogSource:
     """Samples of tar shards read through a catalog: what local and remote tar sources share.
 
-    A subclass sets ``shards`` (their names, for keys) and calls :meth:`_attach` with the catalog and
-    how to find each shard's local file.
+    A subclass sets ``shards`` (their names, for keys) and ``image_exts``, and calls :meth:`_attach`
+    with the catalog, how to find each shard's local file, and the fields a pack's manifest records.
+
+    Fields (:class:`~fastloader.fields.values.FieldSource`): see the module docstring; a pack's
+    recorded names and kinds win over the extensions' (the members of field ``image/xmin`` are
+    ``*.image%2fxmin.npy``).
     """
 
     shards: Sequence[str]
+    image_exts: tuple[str, ...]
 
-    def _attach(self, catalog: IndexFile, locate: Callable[[int], str]) -> None:
+    def _attach(
+        self, catalog: IndexFile, locate: Callable[[int], str], recorded: Mapping[str, FieldMember] | None = None
+    ) -> None:
         self._starts = np.array(catalog.arrays["starts"])  # one entry per shard: kept in memory
         self._length = int(self._starts[-1])
         self._exts: list[str] = list(catalog.meta["exts"])
@@ -221,6 +260,16 @@ class CatalogSource:
         self.ignored: int = catalog.meta["ignored"]  # unsafe or non-regular members ignored
         self._catalog = ProcessLocal(partial(open_catalog, catalog.path, self._length))
         self._files = ProcessLocal(partial(OpenShards, locate))
+        self._attach_fields(list(catalog.meta["member_exts"]), recorded or {})
+
+    def _attach_fields(self, member_exts: list[str], recorded: Mapping[str, FieldMember]) -> None:
+        # name -> (kind, member extension), then extension -> code in the catalog: a few entries per dataset.
+        self._fields = {name: (record.kind, record.extension) for name, record in recorded.items()}
+        taken = {record.extension for record in recorded.values()}
+        for ext in member_exts:
+            if ext not in taken and ext not in LABEL_EXTS and ext not in self._fields:
+                self._fields[ext] = (kind_of_extension(ext), ext)
+        self._member_codes = {ext: code for code, ext in enumerate(member_exts)}
 
     def __len__(self) -> int:
         return self._length
@@ -261,6 +310,36 @@ class CatalogSource:
         """The extension of the image member (``jpg``, ``png``, ...)."""
         return self._exts[int(self._catalog.get().arrays["ext"][check_index(index, self._length)])]
 
+    def field_kinds(self) -> dict[str, str]:
+        """The fields samples may carry, name -> kind (a pack's recorded ones, else one per extension)."""
+        return {name: kind for name, (kind, _) in sorted(self._fields.items())}
+
+    def field_aliases(self) -> dict[str, str]:
+        """Image and label extensions (unless one is a field here) name the sample's image and label."""
+        aliases = {ext: "image" for ext in self.image_exts if ext not in self._fields}
+        aliases.update({ext: "label" for ext in LABEL_EXTS if ext not in self._fields})
+        return aliases
+
+    def read_field(self, index: int, name: str) -> Any:
+        """Sample ``index``'s field ``name``, decoded (one pread); MissingField when it has none."""
+        index = check_index(index, self._length)
+        if name not in self._fields:
+            known = ", ".join(sorted(self._fields)) or "none"
+            raise MissingField(f"{self.key(index)}: no field {name!r} in these shards (fields: {known})")
+        kind, ext = self._fields[name]
+        arrays = self._catalog.get().arrays
+        start, end = int(arrays["member_starts"][index]), int(arrays["member_starts"][index + 1])
+        code = self._member_codes.get(ext, -1)
+        found = np.flatnonzero(arrays["member_ext"][start:end] == code)
+        if not len(found):
+            raise MissingField(f"{self.key(index)}: no field {name!r} (no .{ext} member)")
+        row = start + int(found[0])
+        offset, size = int(arrays["member_offset"][row]), int(arrays["member_size"][row])
+        data = self._files.get().pread(self._shard_of(index), size, offset)
+        if len(data) != size:
+            raise FormatError(f"{self.key(index)}: the shard ends early (modified since it was indexed?)")
+        return decode_value(kind, data, f"{self.key(index)}: field {name!r}")
+
     def source_key(self, index: int) -> str | None:
         """For packed shards, the key the sample had in the packed source; else None."""
         arrays = self._catalog.get().arrays
@@ -289,12 +368,12 @@ class TarShardSource(CatalogSource):
         self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
         if not self.image_exts or not all(self.image_exts):
             raise ValueError(f"image_exts must name at least one extension, got {image_exts!r}")
-        self.shards, self.classes = _shard_list(pattern)
+        self.shards, self.classes, recorded = _shard_list(pattern)
         paths = None if index_paths is None else [os.fspath(p) for p in index_paths]
         if paths is not None and len(paths) != len(self.shards):
             raise ValueError(f"index_paths has {len(paths)} entries for {len(self.shards)} shards")
         catalog = load_catalog(self.shards, self.image_exts, paths)
-        self._attach(catalog, tuple(self.shards).__getitem__)
+        self._attach(catalog, tuple(self.shards).__getitem__, recorded)
 
 
 class TarShardDataset(ImageDataset[Any]):

@@ -4,7 +4,9 @@ A shard is a plain (uncompressed) POSIX tar. Consecutive members sharing a *key*
 the key is the member path up to the first dot of its base name (``a/b/x.seg.jpg`` has key
 ``a/b/x`` and extension ``seg.jpg``, lowercased). A sample's image is its first member whose
 extension is in ``image_exts`` (in that order of preference); its label is the integer text of its
-``.cls`` / ``.cls2`` / ``.class`` / ``.label`` member, -1 when it has none.
+``.cls`` / ``.cls2`` / ``.class`` / ``.label`` member, -1 when it has none. Every other member of the
+sample (a caption ``.txt``, a ``.json``, a mask ``.seg.png``, a second image, anything) is kept in the
+index too: those are the sample's *fields* (``fastloader.fields``), read by extension.
 
 We never extract and never trust a header further than the file: member paths only become keys,
 data is read with ``os.pread`` at the offset recorded in the index. So members with an absolute path
@@ -16,16 +18,29 @@ iteration silently at a corrupt or truncated header and reads pax / GNU long-nam
 claimed size into memory.
 
 The index of a shard (one :mod:`fastloader.formats.index_file`, ``<shard>.fl-idx`` beside it or in the cache
-dir) is built once under a file lock and rebuilt when the shard's size or mtime changes.
+dir) is built once under a file lock and rebuilt when the shard's size or mtime changes. Its arrays,
+one row per sample with an image, in shard order:
+
+* ``key_blob`` / ``key_offsets``: the sample keys (``pack_strings``);
+* ``data_offset``, ``data_size`` (int64): the image member's data; ``ext`` (uint8): its extension, a
+  code into ``meta["exts"]``; ``label`` (int64, -1 for none);
+* the other members, CSR: ``member_starts`` (int64, samples + 1 entries): sample ``i``'s members are
+  rows ``member_starts[i] .. member_starts[i + 1] - 1`` of ``member_ext`` (int32, a code into
+  ``meta["member_exts"]``), ``member_offset`` and ``member_size`` (int64), in tar order;
+* for shards written by ``fastloader pack``, ``source_key_blob`` / ``source_key_offsets``.
+
+Version 1 indexes had no member arrays. One written by ``fastloader pack`` (it has source keys)
+indexes a shard that holds nothing but images and labels, so it is upgraded in place (no rescan:
+for remote shards that would mean fetching every shard); any other is rebuilt.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +51,7 @@ from fastloader.storage import sidecar_path
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")
 LABEL_EXTS = ("cls", "cls2", "class", "label")
 INDEX_KIND = "tar-shard"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 INDEX_SUFFIX = ".fl-idx"
 
 _BLOCK = 512
@@ -219,6 +234,11 @@ class _ShardRows:
         self.exts: list[int] = []
         self.labels: list[int] = []
         self.ext_table: list[str] = []
+        self.member_starts: list[int] = [0]
+        self.member_exts: list[int] = []
+        self.member_offsets: list[int] = []
+        self.member_sizes: list[int] = []
+        self.member_ext_table: dict[str, int] = {}  # extension -> its code, in order of first appearance
         self.no_image = 0
         self.ignored: list[str] = []
         self.ignored_count = 0
@@ -258,6 +278,12 @@ class _ShardRows:
         self.sizes.append(group[image_ext].size)
         self.exts.append(self.ext_table.index(image_ext))
         self.labels.append(-1 if label_ext is None else self._read_label(group[label_ext]))
+        for ext, member in group.items():
+            if ext not in (image_ext, label_ext):
+                self.member_exts.append(self.member_ext_table.setdefault(ext, len(self.member_ext_table)))
+                self.member_offsets.append(member.offset)
+                self.member_sizes.append(member.size)
+        self.member_starts.append(len(self.member_offsets))
 
     def _read_label(self, member: Member) -> int:
         text = os.pread(self.fd, min(member.size, _MAX_LABEL_BYTES + 1), member.offset)
@@ -301,6 +327,10 @@ def build_shard_index(
         "data_size": np.asarray(rows.sizes, dtype=np.int64),
         "ext": np.asarray(rows.exts, dtype=np.uint8),
         "label": np.asarray(rows.labels, dtype=np.int64),
+        "member_starts": np.asarray(rows.member_starts, dtype=np.int64),
+        "member_ext": np.asarray(rows.member_exts, dtype=np.int32),
+        "member_offset": np.asarray(rows.member_offsets, dtype=np.int64),
+        "member_size": np.asarray(rows.member_sizes, dtype=np.int64),
         **(extra_arrays or {}),
     }
     meta = {
@@ -308,6 +338,7 @@ def build_shard_index(
         "shard_mtime_ns": stat.st_mtime_ns,
         "image_exts": list(image_exts),
         "exts": rows.ext_table,
+        "member_exts": list(rows.member_ext_table),
         "samples": len(rows.keys),
         "no_image": rows.no_image,
         "ignored": rows.ignored_count,
@@ -322,14 +353,35 @@ def build_shard_index(
     return read_index(index_path, INDEX_KIND, INDEX_VERSION)
 
 
-def _current(index: IndexFile, shard: str, image_exts: Sequence[str]) -> bool:
-    stat = os.stat(shard)
-    meta = index.meta
-    return (
-        meta.get("shard_size") == stat.st_size
-        and meta.get("shard_mtime_ns") == stat.st_mtime_ns
-        and meta.get("image_exts") == list(image_exts)
-    )
+def upgrade_index(index_path: str | os.PathLike[str], fits: Callable[[Mapping[str, Any]], bool]) -> IndexFile | None:
+    """The version 1 index at ``index_path`` rewritten as the current version, when it can be without a
+    rescan (see the module docstring) and ``fits(meta)`` (the shard it indexes is unchanged); else None."""
+    try:
+        old = read_index(index_path, INDEX_KIND, 1)
+    except (FileNotFoundError, FormatError):
+        return None
+    if "source_key_blob" not in old.arrays or not fits(old.meta):
+        return None  # a plain shard's: its other members were never indexed
+    arrays = {name: np.asarray(array) for name, array in old.arrays.items()}
+    arrays["member_starts"] = np.zeros(int(old.meta["samples"]) + 1, dtype=np.int64)
+    arrays["member_ext"] = np.zeros(0, dtype=np.int32)
+    arrays["member_offset"] = arrays["member_size"] = np.zeros(0, dtype=np.int64)
+    write_index(index_path, INDEX_KIND, INDEX_VERSION, {**old.meta, "member_exts": []}, arrays)
+    return read_index(index_path, INDEX_KIND, INDEX_VERSION)
+
+
+def _fits(shard: str, image_exts: Sequence[str]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an index's meta describes ``shard`` as it is now, scanned for ``image_exts``."""
+
+    def fits(meta: Mapping[str, Any]) -> bool:
+        stat = os.stat(shard)
+        return (
+            meta.get("shard_size") == stat.st_size
+            and meta.get("shard_mtime_ns") == stat.st_mtime_ns
+            and meta.get("image_exts") == list(image_exts)
+        )
+
+    return fits
 
 
 def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexFile | None:
@@ -337,14 +389,17 @@ def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexF
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
     except (FileNotFoundError, FormatError):
         return None
-    return index if _current(index, shard, image_exts) else None
+    return index if _fits(shard, image_exts)(index.meta) else None
 
 
 def load_shard_index(
     shard: str, index_path: str | os.PathLike[str] | None = None, image_exts: Sequence[str] = IMAGE_EXTS
 ) -> IndexFile:
-    """The index of ``shard``: read when current, else built (once: other processes wait on the lock)."""
+    """The index of ``shard``: read when current, else upgraded or built (once: other processes wait on the lock)."""
     path = Path(index_path) if index_path is not None else default_index_path(shard)
-    return cached_index(
-        path, lambda: _try_read(shard, path, image_exts), lambda: build_shard_index(shard, path, image_exts)
-    )
+
+    def build() -> IndexFile:
+        upgraded = upgrade_index(path, _fits(shard, image_exts))
+        return upgraded if upgraded is not None else build_shard_index(shard, path, image_exts)
+
+    return cached_index(path, lambda: _try_read(shard, path, image_exts), build)

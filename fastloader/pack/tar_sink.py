@@ -2,7 +2,7 @@
 
 Layout of a destination directory::
 
-    shard-000000.tar              members 000000000.jpg, 000000000.cls, 000000001.png, ...
+    shard-000000.tar              members 000000000.jpg, 000000000.cls, 000000000.caption.txt, 000000001.png, ...
     shard-000000.tar.fl-idx       its index (offsets, labels, and the source key of every sample)
     ...
     fastloader-tar.progress.json  while packing: completed shards, source position, skipped items
@@ -10,6 +10,10 @@ Layout of a destination directory::
 
 Sample keys are dot-free, zero-padded output sample numbers, so any WebDataset reader groups
 ``{key}.{ext}`` with ``{key}.cls``; the source key of each sample is kept in the shard's index.
+Each field a sample carries (``fastloader.fields``) is one more member, ``{key}.{extension}``, holding
+the canonical bytes of its value (``encode_value``); the manifest maps each field's original name to
+its kind and member extension (see :mod:`fastloader.formats.tar_manifest` for how the extension is
+chosen), so reading the pack gives back the exact names and kinds.
 
 Durability comes in whole shards: a shard is written to a hidden temporary name, fsynced, renamed,
 indexed, and only then recorded in the progress file (atomically replaced). A run killed at any
@@ -34,9 +38,18 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fastloader.errors import FormatError
+from fastloader.fields.values import check_value, encode_value
 from fastloader.formats.bad_samples import BadSample
 from fastloader.formats.index_file import pack_strings
-from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, ShardRecord, TarPackState
+from fastloader.formats.tar_manifest import (
+    MANIFEST_NAME,
+    PACK_FORMAT,
+    PACK_VERSION,
+    PROGRESS_NAME,
+    ShardRecord,
+    TarPackState,
+    field_members,
+)
 from fastloader.formats.tar_shards import IMAGE_EXTS, build_shard_index, default_index_path
 from fastloader.storage import atomic_write_bytes
 
@@ -80,7 +93,8 @@ class _OpenShard:
         self.first_sample = first_sample  # the output number of its first sample (the tar key)
         self.temp = directory / f".{name}{_PARTIAL_SUFFIX}"
         self.file: BinaryIO = open(self.temp, "wb")  # closed by close_file() or discard()
-        self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
+        # pax only where a name needs it (a long field extension): other headers are plain ustar.
+        self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT)
         self.source_keys: list[str] = []  # one shard's worth, dropped when it closes
 
     def add_member(self, name: str, data: bytes, mtime: int) -> None:
@@ -107,8 +121,10 @@ class TarShardSink:
 
     Implements :class:`fastloader.pack_sink.Sink`. Opening a destination that holds a pack with a
     different ``fingerprint`` (or ``prefix``) raises :class:`~fastloader.errors.FormatError`.
-    ``add`` raises ValueError, writing nothing, for bytes that are not a known image format; the
-    engine may then ``add_skipped`` the same position.
+    ``add`` raises ValueError, writing nothing, for bytes that are not a known image format or a
+    field value that is not of its kind; the engine may then ``add_skipped`` the same position.
+    ``fields`` (name -> kind) are the fields samples may carry; two whose member extensions would
+    be the same (see the module docstring) are a ValueError.
     """
 
     def __init__(
@@ -120,14 +136,16 @@ class TarShardSink:
         prefix: str = "shard",
         fields: Mapping[str, str] | None = None,
     ) -> None:
-        if fields:
-            raise NotImplementedError(f"{dst_dir}: tar shards cannot hold fields yet ({', '.join(fields)})")
         if not isinstance(shard_size, int) or shard_size < 1:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
         if not prefix or "/" in prefix or prefix.startswith("."):
             raise ValueError(f"prefix must be a plain, non-hidden file name prefix, got {prefix!r}")
         self.dst_dir = Path(dst_dir)
         self.shard_size = shard_size
+        try:
+            self._fields = field_members(fields or {})
+        except ValueError as error:
+            raise ValueError(f"{dst_dir}: {error}") from None
         self.dst_dir.mkdir(parents=True, exist_ok=True)
         self._state = self._open_state(normalize_fingerprint(fingerprint), prefix)
         self._pending_skipped: list[BadSample] = []
@@ -141,18 +159,20 @@ class TarShardSink:
         for name in (MANIFEST_NAME, PROGRESS_NAME):
             if (self.dst_dir / name).exists():
                 state = TarPackState.read(self.dst_dir / name)
-                if state.fingerprint != fingerprint or state.prefix != prefix:
+                if state.fingerprint != fingerprint or state.prefix != prefix or state.fields != self._fields:
                     raise FormatError(
                         f"{self.dst_dir}: holds a different pack (fingerprint {state.fingerprint}, prefix "
-                        f"{state.prefix!r}); pack into a new directory or delete this one"
+                        f"{state.prefix!r}, fields {sorted(state.fields)}); pack into a new directory or delete "
+                        "this one"
                     )
-                return state
+                # A pack begun by an older fastloader (no fields) continues as the current version.
+                return dataclasses.replace(state, format=PACK_FORMAT, version=PACK_VERSION)
         if any(self._shard_files(prefix)):
             raise FormatError(
                 f"{self.dst_dir}: holds {prefix}-*.tar shards that no fastloader pack recorded; "
                 "refusing to overwrite them (pack into an empty directory)"
             )
-        return TarPackState(fingerprint=fingerprint, prefix=prefix, created=int(time.time()))
+        return TarPackState(fingerprint=fingerprint, prefix=prefix, created=int(time.time()), fields=self._fields)
 
     def _shard_files(self, prefix: str) -> list[Path]:
         pattern = re.compile(rf"{re.escape(prefix)}-\d+\.tar")
@@ -184,6 +204,7 @@ class TarShardSink:
         ext = image_extension(data)
         if ext is None:
             raise ValueError(f"{key}: not a known image format (first bytes {data[:8]!r}); nothing written")
+        members = self._field_members(key, fields or {})  # all encoded before anything is written
         if self._shard is None:
             name = f"{self._state.prefix}-{len(self._state.shards):06d}.tar"
             self._shard = _OpenShard(self.dst_dir, name, self._state.count)
@@ -191,6 +212,8 @@ class TarShardSink:
         self._shard.add_member(f"{sample}.{ext}", data, self._state.created)
         if label != _NO_LABEL:
             self._shard.add_member(f"{sample}.cls", str(int(label)).encode(), self._state.created)
+        for extension, value in members:
+            self._shard.add_member(f"{sample}.{extension}", value, self._state.created)
         self._shard.source_keys.append(key)
         self._next_position = position + 1
         if len(self._shard.source_keys) >= self.shard_size:
@@ -238,6 +261,18 @@ class TarShardSink:
         self._closed = True
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _field_members(self, key: str, fields: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+        """(member extension, canonical bytes) of each field value, in the order of the sink's fields."""
+        unknown = sorted(set(fields) - set(self._fields))
+        if unknown:
+            raise ValueError(f"{key}: fields {unknown} were not declared when the sink was opened; nothing written")
+        members = []
+        for name, member in self._fields.items():
+            if name in fields:
+                value = check_value(member.kind, fields[name], f"{key}: field {name!r}")  # FormatError: a ValueError
+                members.append((member.extension, encode_value(member.kind, value)))
+        return members
 
     def _check_open(self) -> None:
         if self._closed:

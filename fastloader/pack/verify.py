@@ -12,8 +12,10 @@ For a fastloader LMDB:
    reserved one.
 
 For tar shards written by ``fastloader pack --format tar``: the manifest must be complete, every
-sample readable and the count must match. Tar members carry no checksum of their data, so a
-flipped byte inside an image is only found in an LMDB.
+sample readable and the count must match; every field member of every sample must decode as the
+kind the manifest records (a ``.json`` that is not JSON, an ``.npy`` that is not an array), and the
+shards must hold no member extension the manifest does not record. Tar members carry no checksum
+of their data, so a flipped byte inside an image (or a byte string) is only found in an LMDB.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
 def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
     from fastloader.datasets.tar import TarShardSource, read_pack_manifest
 
-    expected = sum(shard.count for shard in read_pack_manifest(path).shards)  # FormatError if unfinished
+    state = read_pack_manifest(path)  # FormatError if unfinished
+    expected = sum(shard.count for shard in state.shards)
     try:
         source = TarShardSource(path)
     except FormatError as error:  # a shard that no longer parses (truncated, overwritten)
@@ -155,17 +158,38 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
     problems, bad = [], []
     if len(source) != expected:
         problems.append(f"{path}: {len(source)} samples in the shards, the manifest announces {expected}")
+    fields = [name for name in source.field_kinds() if name in state.fields]
+    for name in source.field_kinds():
+        if name not in state.fields:  # a field named by its extension: no pack wrote it
+            problems.append(f"{path}: the shards hold '.{name}' members, which the manifest does not record")
     with _progress_bar(len(source), path, show_progress) as bar:
         for index in range(len(source)):
-            try:
-                if not source.read(index):
-                    raise FormatError(f"{source.key(index)}: empty image member")
-            except (OSError, FormatError) as error:
+            found = _tar_sample_problems(source, index, fields)
+            if found:
                 bad.append(index)
-                if len(problems) < _MAX_PROBLEMS:
-                    problems.append(str(error))
+                problems.extend(found[: max(0, _MAX_PROBLEMS - len(problems))])
             bar.update(1)
     return VerifyReport(path, "tar", expected, len(source), tuple(problems), tuple(bad))
+
+
+def _tar_sample_problems(source: Any, index: int, fields: list[str]) -> list[str]:
+    """Why sample ``index`` is bad: its image unreadable, a field member not of its kind (each named)."""
+    from fastloader.fields.values import MissingField
+
+    found = []
+    try:
+        if not source.read(index):
+            raise FormatError(f"{source.key(index)}: empty image member")
+    except (OSError, FormatError) as error:
+        found.append(str(error))
+    for name in fields:
+        try:
+            source.read_field(index, name)  # decodes it as its recorded kind
+        except MissingField:
+            continue  # a sample may lack a field
+        except (OSError, FormatError) as error:
+            found.append(str(error))
+    return found
 
 
 def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyReport:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import tarfile
@@ -16,10 +17,16 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import PILToTensor
 
 import fastloader.datasets.tar as tar_module
+import fastloader.formats.tar_shards as tar_shards
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.tar import TarShardDataset, TarShardSource
 from fastloader.errors import DecodeError, FormatError
+from fastloader.fields.values import MissingField, read_fields
+from fastloader.formats.index_file import read_index
+from fastloader.formats.tar_manifest import MANIFEST_NAME
+from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION
 from fastloader.pack.tar_sink import TarShardSink
+from tests.formats.test_tar_shards import index_as_version_1
 
 # (format, mode): PNG, grayscale and CMYK next to plain JPEG, as real datasets have them.
 KINDS = [("JPEG", "RGB", "jpg"), ("PNG", "RGB", "png"), ("JPEG", "L", "jpg"), ("JPEG", "CMYK", "jpeg")]
@@ -175,3 +182,97 @@ def test_undecodable_image_names_shard_and_key(tmp_path: Path) -> None:
         tar.addfile(info, io.BytesIO(b"\xff\xd8\xff" + bytes(7)))
     with pytest.raises(DecodeError, match=rf"{shard}:broken/one: cannot decode"):
         TarShardDataset(str(shard))[0]
+
+
+# -- fields ---------------------------------------------------------------------------------------
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def write_members(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+def test_every_member_of_plain_shards_is_a_field(tmp_path: Path) -> None:
+    image, mask, second = encode("JPEG", "RGB", 1), encode("PNG", "L", 2), encode("PNG", "RGB", 3)
+    caption = "Ünïcödé caption\r\n with\ttabs "
+    meta = {"boxes": [[1, 2, 3, 4]], "ok": True, "none": None, "f": 0.1}
+    array = np.arange(12, dtype=np.int16).reshape(3, 4)
+    write_members(
+        tmp_path / "a.tar",
+        [
+            ("dir/full.jpg", image),
+            ("dir/full.cls", b"7"),
+            ("dir/full.txt", caption.encode()),
+            ("dir/full.json", json.dumps(meta).encode()),
+            ("dir/full.seg.png", mask),
+            ("dir/full.npy", npy(array)),
+            ("dir/full.id", b"-9007199254740993"),  # not a float64
+            ("dir/full.xyz", b"\x00\xff unknown"),
+            ("bare.png", second),  # its image is a png: it has no "png" field
+        ],
+    )
+    write_members(tmp_path / "b.tar", [("two.jpg", image), ("two.png", second), ("two.label", b"3")])
+    source = TarShardSource(str(tmp_path / "*.tar"))
+    assert len(source) == 3 and source.labels().tolist() == [7, -1, 3]
+    assert source.field_kinds() == {
+        "id": "int",
+        "json": "json",
+        "npy": "array",
+        "png": "image",  # the second image of "two"
+        "seg.png": "image",
+        "txt": "text",
+        "xyz": "bytes",
+    }
+    assert source.read_field(0, "txt") == caption and source.read_field(0, "json") == meta
+    assert source.read_field(0, "seg.png") == mask and source.read_field(0, "xyz") == b"\x00\xff unknown"
+    assert source.read_field(0, "id") == -9007199254740993
+    got = source.read_field(0, "npy")
+    assert got.dtype == np.int16 and np.array_equal(got, array)
+    assert source.read(2) == image and source.read_field(2, "png") == second
+    assert read_fields(source, 1) == {} and read_fields(source, 2) == {"png": second}
+    with pytest.raises(MissingField, match=rf"{tmp_path / 'a.tar'}:bare: no field 'txt'"):
+        source.read_field(1, "txt")
+    with pytest.raises(MissingField, match=rf"{tmp_path / 'b.tar'}:two: no field 'nothing'.*fields: id, json"):
+        source.read_field(2, "nothing")
+    aliases = source.field_aliases()
+    assert aliases["jpg"] == "image" and aliases["cls"] == "label" and aliases["label"] == "label"
+    assert "png" not in aliases  # a field here, not the image
+    clone = pickle.loads(pickle.dumps(source))
+    assert clone.read_field(0, "txt") == caption
+
+
+def test_a_bad_field_member_names_the_sample_and_field(tmp_path: Path) -> None:
+    write_members(tmp_path / "s.tar", [("k.jpg", encode("JPEG", "RGB", 1)), ("k.json", b"{not json")])
+    source = TarShardSource(str(tmp_path / "s.tar"))
+    with pytest.raises(FormatError, match=rf"{tmp_path / 's.tar'}:k: field 'json': not a valid json value"):
+        source.read_field(0, "json")
+
+
+def test_a_pack_of_the_previous_version_still_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A v1 pack (manifest without fields, indexes without members) reads without rescanning its shards."""
+    dst = tmp_path / "old"
+    sink = TarShardSink(dst, {"test": 3}, shard_size=2)
+    images = [encode("PNG", "RGB", v) for v in range(3)]
+    for position, data in enumerate(images):
+        sink.add(position, f"src/{position}.png", position, data)
+    sink.finish(["a", "b", "c"], {})
+    manifest = json.loads((dst / MANIFEST_NAME).read_text())
+    del manifest["fields"]
+    (dst / MANIFEST_NAME).write_text(json.dumps({**manifest, "version": 1}))
+    for path in dst.glob("*.fl-idx"):
+        index_as_version_1(path)
+    monkeypatch.setattr(tar_shards, "build_shard_index", None)  # a rescan would fail
+    source = TarShardSource(dst)
+    assert [source.read(i) for i in range(3)] == images and source.classes == ["a", "b", "c"]
+    assert [source.source_key(i) for i in range(3)] == ["src/0.png", "src/1.png", "src/2.png"]
+    assert source.field_kinds() == {}
+    assert read_index(dst / "shard-000000.tar.fl-idx", INDEX_KIND, INDEX_VERSION).meta["member_exts"] == []

@@ -13,8 +13,16 @@ import pytest
 from PIL import Image
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import string_at
-from fastloader.formats.tar_shards import build_shard_index, load_shard_index, split_key, walk_members
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, string_at, write_index
+from fastloader.formats.tar_shards import (
+    INDEX_KIND,
+    INDEX_VERSION,
+    build_shard_index,
+    load_shard_index,
+    split_key,
+    upgrade_index,
+    walk_members,
+)
 
 LONG_KEY = "deep/" + "d" * 120 + "/" + "k" * 110  # needs a GNU long name or a pax path
 
@@ -110,6 +118,77 @@ def test_webdataset_layout_written_by_tarfile(tmp_path: Path, fmt: int) -> None:
     for i, key in enumerate("abcdfg"):
         offset, size = int(arrays["data_offset"][i]), int(arrays["data_size"][i])
         assert data[offset : offset + size] == images[key]
+    # Every other member, in tar order: the label ones that lost to .cls, and a second image, too.
+    assert members_of(index, data) == [
+        [],
+        [("json", b'{"caption": "x"}')],
+        [],
+        [],
+        [("png", images["e"]), ("label", b"5")],
+        [("seg.png", b"not the image")],
+    ]
+
+
+def members_of(index: IndexFile, data: bytes) -> list[list[tuple[str, bytes]]]:
+    """(extension, bytes) of each sample's members besides its image and label, from the index's CSR arrays."""
+    arrays, exts = index.arrays, index.meta["member_exts"]
+    starts = arrays["member_starts"].tolist()
+    assert starts[0] == 0 and starts[-1] == len(arrays["member_ext"]) == len(arrays["member_offset"])
+    samples = []
+    for i in range(len(starts) - 1):
+        rows = range(starts[i], starts[i + 1])
+        offsets, sizes = arrays["member_offset"], arrays["member_size"]
+        samples.append([(exts[arrays["member_ext"][r]], data[offsets[r] : offsets[r] + sizes[r]]) for r in rows])
+    return samples
+
+
+def test_index_keeps_members_of_any_extension(tmp_path: Path) -> None:
+    members = [
+        ("a.jpg", encode()),
+        ("a.txt", "text ü".encode()),
+        ("a.json", b"{}"),
+        ("a.cls", b"1"),
+        ("a.seg.png", encode("PNG")),
+        ("a.npy", b"\x93NUMPY"),
+        ("a.anything.else", b""),  # empty
+        ("b.png", encode("PNG", seed=1)),
+        ("b.npy", b"npy of b"),
+    ]
+    path = tmp_path / "m.tar"
+    write_tar(path, members)
+    index = build_shard_index(str(path), tmp_path / "m.idx")
+    assert index.meta["member_exts"] == ["txt", "json", "seg.png", "npy", "anything.else"]
+    assert index.arrays["member_ext"].dtype == np.int32 and index.arrays["member_starts"].tolist() == [0, 5, 6]
+    expected = [(name.split(".", 1)[1], data) for name, data in members[1:7] if name != "a.cls"]
+    assert members_of(index, path.read_bytes()) == [expected, [("npy", b"npy of b")]]
+
+
+def index_as_version_1(path: str | Path) -> None:
+    """Rewrite the index at ``path`` as fastloader wrote it before fields: no member arrays."""
+    index = read_index(path, INDEX_KIND, INDEX_VERSION)
+    arrays = {name: np.asarray(a) for name, a in index.arrays.items() if not name.startswith("member_")}
+    write_index(path, INDEX_KIND, 1, {k: v for k, v in index.meta.items() if k != "member_exts"}, arrays)
+
+
+def test_version_1_indexes_are_upgraded_when_a_pack_wrote_them_else_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "v1.tar"
+    write_tar(path, [("a.jpg", b"1"), ("a.txt", b"caption"), ("b.jpg", b"2")])
+    plain = load_shard_index(str(path))
+    index_as_version_1(Path(plain.path))
+    rebuilt = load_shard_index(str(path))  # a plain shard's: its members were never indexed
+    assert rebuilt.meta["member_exts"] == ["txt"] and rebuilt.arrays["member_starts"].tolist() == [0, 1, 1]
+    blob, offsets = pack_strings(["src/a", "src/b"])
+    packed = build_shard_index(
+        str(path), tmp_path / "packed.idx", extra_arrays={"source_key_blob": blob, "source_key_offsets": offsets}
+    )
+    index_as_version_1(Path(packed.path))
+    upgraded = upgrade_index(packed.path, lambda meta: True)
+    assert upgraded is not None and upgraded.version == INDEX_VERSION and upgraded.meta["member_exts"] == []
+    assert upgraded.arrays["member_starts"].tolist() == [0, 0, 0]
+    assert keys_of(dict(upgraded.arrays)) == ["a", "b"] and bytes(upgraded.arrays["source_key_blob"]) == b"src/asrc/b"
+    index_as_version_1(Path(packed.path))
+    assert upgrade_index(packed.path, lambda meta: False) is None  # the shard changed since: rebuild
+    assert upgrade_index(tmp_path / "missing.idx", lambda meta: True) is None
 
 
 def test_unsafe_and_special_members_are_ignored_with_a_warning(tmp_path: Path) -> None:

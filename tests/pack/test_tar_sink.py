@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -17,10 +18,13 @@ from PIL import Image
 
 from fastloader.datasets.tar import TarShardSource
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField, read_fields
 from fastloader.formats.index_file import read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION, build_shard_index
+from fastloader.pack.engine import pack
 from fastloader.pack.tar_sink import TarShardSink, image_extension
+from tests.field_items import FIELDS, LONG_NAME, FieldItems, assert_same_value, field_values
 
 FINGERPRINT = {"source": "/data/train", "options": {"quality": 90, "sizes": (1, 2)}}
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +34,12 @@ def encode(fmt: str, mode: str = "RGB", seed: int = 0) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 255, (32, 32, 3), dtype=np.uint8)
     out = io.BytesIO()
     Image.fromarray(pixels).convert(mode).save(out, format=fmt)
+    return out.getvalue()
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
     return out.getvalue()
 
 
@@ -227,3 +237,159 @@ def test_bad_calls_are_refused_without_writing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="closed"):
         sink.finish(None, {})
     assert not list(dst.glob("*.tar")) and not list(dst.glob(".*.partial")), "a closed open shard is discarded"
+
+
+# -- fields ---------------------------------------------------------------------------------------
+
+
+def check_fields(source: TarShardSource, items: FieldItems) -> None:
+    """Every field of every item back under its original name and kind, exactly; absent ones missing."""
+    assert source.field_kinds() == dict(sorted(FIELDS.items()))
+    assert len(source) == len(items)
+    for i in range(len(source)):
+        expected = field_values(i)
+        assert read_fields(source, i).keys() == expected.keys()
+        for name in FIELDS:
+            if name in expected:
+                assert_same_value(source.read_field(i, name), expected[name], f"{i} {name}")
+            else:
+                with pytest.raises(
+                    MissingField, match=rf"{re.escape(source.key(i))}: no field {re.escape(repr(name))}"
+                ):
+                    source.read_field(i, name)
+
+
+def test_pack_keeps_fields_with_any_name_exactly(tmp_path: Path) -> None:
+    items = FieldItems(10)
+    pack(items, tmp_path / "out", format="tar", shard_size=4, workers=0, progress=False)
+    source = TarShardSource(tmp_path / "out")
+    check_fields(source, items)
+    assert [source.read(i) for i in range(10)] == [items.read(i) for i in range(10)]
+    assert source.labels().tolist() == [i % 3 for i in range(10)]
+    # Names a tar extension cannot hold are percent-encoded and lowercased; a kind suffix tells WebDataset
+    # readers how to decode; an image extension ("png") is not taken for the sample's image.
+    state = TarPackState.read(tmp_path / "out" / MANIFEST_NAME)
+    assert {name: (m.kind, m.extension) for name, m in state.fields.items()} == {
+        "image/object/bbox/xmin": ("array", "image%2fobject%2fbbox%2fxmin.npy"),
+        "TEXT": ("text", "text"),
+        "Caption": ("text", "caption.txt"),
+        "txt": ("text", "txt"),
+        "meta": ("json", "meta.json"),
+        "score": ("float", "score"),
+        "count": ("int", "count"),
+        "raw": ("bytes", "raw"),
+        "png": ("image", "field.png"),
+        "mask": ("image", "mask"),
+        LONG_NAME: ("json", "deeply%2f" * 16 + "nested.json"),
+    }
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        names = [name for name in tar.getnames() if name.startswith("000000001.")]
+    assert names[:2] == ["000000001.png", "000000001.cls"]  # the image (a PNG: image_bytes(1)), the label
+    assert sorted(names[2:]) == sorted(
+        [
+            "000000001.caption.txt",
+            "000000001.count",
+            "000000001.field.png",
+            "000000001.meta.json",
+            "000000001.raw",
+            "000000001.score",
+            "000000001.text",
+            "000000001.txt",
+            "000000001." + "deeply%2f" * 16 + "nested.json",
+        ]
+    )
+
+
+def test_pack_from_plain_shards_keeps_every_member(tmp_path: Path) -> None:
+    """WebDataset shards with fields, packed to tar shards: every member kept, as its extension's kind."""
+    shard = tmp_path / "plain.tar"
+    members = []
+    for i in range(5):
+        members += [(f"s{i}.jpg", encode("JPEG", seed=i)), (f"s{i}.cls", str(i).encode())]
+        members += [(f"s{i}.txt", f"caption {i}".encode()), (f"s{i}.json", b'{"k": [%d]}' % i)]
+        members += [(f"s{i}.seg.png", encode("PNG", "L", seed=i)), (f"s{i}.weird", bytes([i, 0xFE]))]
+        if i != 3:
+            members.append((f"s{i}.npy", npy(np.arange(i + 1, dtype=np.uint16))))
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    original = TarShardSource(str(shard))
+    kinds = {"txt": "text", "json": "json", "seg.png": "image", "weird": "bytes", "npy": "array"}
+    assert original.field_kinds() == dict(sorted(kinds.items()))
+    pack(str(shard), tmp_path / "out", format="tar", workers=0, progress=False)
+    packed = TarShardSource(tmp_path / "out")
+    assert packed.field_kinds() == original.field_kinds() and len(packed) == 5
+    for i in range(5):
+        for name in kinds:
+            if i == 3 and name == "npy":
+                with pytest.raises(MissingField, match="000000003: no field 'npy'"):
+                    packed.read_field(i, name)
+                continue
+            assert_same_value(packed.read_field(i, name), original.read_field(i, name), f"{i} {name}")
+        assert packed.read(i) == original.read(i) and packed.label(i) == i
+
+
+def test_fields_survive_a_resume_and_a_different_field_set_is_refused(tmp_path: Path) -> None:
+    items, dst, kinds = FieldItems(7), tmp_path / "out", dict(FIELDS)
+    first = TarShardSink(dst, FINGERPRINT, shard_size=3, fields=kinds)
+    for i in range(5):
+        first.add(i, items.key(i), items.label(i), items.read(i), field_values(i))
+    del first  # killed with shard 1 open
+    with pytest.raises(FormatError, match="holds a different pack"):
+        TarShardSink(dst, FINGERPRINT, shard_size=3, fields={**kinds, "extra": "text"})
+    second = TarShardSink(dst, FINGERPRINT, shard_size=3, fields=kinds)
+    assert second.resume_position() == 3
+    for i in range(3, 7):
+        second.add(i, items.key(i), items.label(i), items.read(i), field_values(i))
+    second.finish(None, {})
+    check_fields(TarShardSource(dst), items)
+
+
+def test_fields_that_cannot_be_kept_are_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"fields 'Caption' and 'caption' would both be stored as tar members '\*\.caption\.txt'"
+    ):
+        TarShardSink(tmp_path / "a", FINGERPRINT, fields={"Caption": "text", "caption": "text"})
+    with pytest.raises(ValueError, match="a field name cannot be empty"):
+        TarShardSink(tmp_path / "b", FINGERPRINT, fields={"": "text"})
+    with pytest.raises(ValueError, match="kind must be one of"):
+        TarShardSink(tmp_path / "c", FINGERPRINT, fields={"x": "pickle"})
+    sink = TarShardSink(tmp_path / "d", FINGERPRINT, fields={"meta": "json", "n": "int"})
+    with pytest.raises(ValueError, match=r"k0: field 'meta': a object is not a valid json value"):
+        sink.add(0, "k0", 0, encode("PNG"), {"n": 1, "meta": object()})
+    with pytest.raises(ValueError, match=r"k0: fields \['other'\] were not declared"):
+        sink.add(0, "k0", 0, encode("PNG"), {"other": 1})
+    sink.add(0, "k0", 0, encode("PNG"), {"n": 5})
+    sink.finish(None, {})
+    source = TarShardSource(tmp_path / "d")
+    assert len(source) == 1 and source.read_field(0, "n") == 5, "the refused adds wrote nothing"
+    with pytest.raises(MissingField, match="no field 'meta'"):
+        source.read_field(0, "meta")
+
+
+def test_webdataset_reads_the_fields_of_a_pack(tmp_path: Path) -> None:
+    import webdataset as wds
+
+    items = FieldItems(6)
+    pack(items, tmp_path / "out", format="tar", shard_size=4, workers=0, progress=False)
+    urls = [str(path) for path in sorted((tmp_path / "out").glob("shard-*.tar"))]
+    samples = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode())
+    assert [sample["__key__"] for sample in samples] == [f"{i:09d}" for i in range(6)]
+    for i, sample in enumerate(samples):
+        expected = field_values(i)
+        assert sample["cls"] == i % 3
+        assert sample["text"] == expected["TEXT"] and sample["txt"] == expected["txt"]
+        assert sample["meta.json"] == expected["meta"] and sample["raw"] == expected["raw"]
+        assert sample["field.png"] == expected["png"] and float(sample["score"]) == expected["score"]
+        assert int(sample["count"]) == expected["count"]
+        assert sample["deeply%2f" * 16 + "nested.json"] == expected[LONG_NAME]
+        if "Caption" in expected:
+            assert sample["caption.txt"] == expected["Caption"]
+        if "mask" in expected:
+            array = sample["image%2fobject%2fbbox%2fxmin.npy"]
+            assert array.dtype == np.float32 and array.tolist() == expected["image/object/bbox/xmin"].tolist()
+            assert sample["mask"] == expected["mask"]
+        image_ext = next(ext for ext in ("jpg", "png") if ext in sample)
+        assert sample[image_ext] == items.read(i)

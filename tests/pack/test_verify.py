@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import lmdb
@@ -12,6 +15,7 @@ from fastloader.errors import FormatError
 from fastloader.formats import lmdb_records as records
 from fastloader.pack import pack
 from fastloader.pack.verify import verify
+from tests.field_items import FieldItems
 from tests.images import write_image_folder
 
 
@@ -98,3 +102,48 @@ def test_tar_shards_verify_and_a_truncated_shard_is_found(tmp_path: Path) -> Non
     shard.write_bytes(shard.read_bytes()[:1500])
     damaged = verify(tmp_path / "shards")
     assert not damaged.ok and "shard-000001.tar" in damaged.problems[0] and "truncated" in damaged.problems[0]
+
+
+def test_corrupted_field_members_are_found_and_named(tmp_path: Path) -> None:
+    pack(FieldItems(8), tmp_path / "shards", format="tar", shard_size=5, workers=0, progress=False)
+    assert verify(tmp_path / "shards").ok
+    json_member = corrupt_member(tmp_path / "shards" / "shard-000000.tar", "000000003.meta.json", b"]")
+    npy_member = corrupt_member(
+        tmp_path / "shards" / "shard-000001.tar", "000000006.image%2fobject%2fbbox%2fxmin.npy", b"\x00"
+    )
+    report = verify(tmp_path / "shards")
+    assert not report.ok and report.bad_records == (3, 6) and report.checked == 8
+    assert len(report.problems) == 2
+    assert report.problems[0].startswith(f"{json_member}: field 'meta': not a valid json value")
+    assert report.problems[1].startswith(f"{npy_member}: field 'image/object/bbox/xmin': not a valid array value")
+
+
+def corrupt_member(shard: Path, name: str, first_byte: bytes) -> str:
+    """Overwrite the first byte of member ``name`` in place; returns the sample as keys name it."""
+    with tarfile.open(shard) as tar:
+        offset = tar.getmember(name).offset_data
+    with open(shard, "r+b") as file:
+        file.seek(offset)
+        file.write(first_byte)
+    return f"{shard}:{name.split('.', 1)[0]}"
+
+
+def test_members_the_manifest_does_not_record_are_found(tmp_path: Path) -> None:
+    write_image_folder(tmp_path / "images", count=3)
+    pack(tmp_path / "images", tmp_path / "shards", format="tar", workers=0, progress=False)
+    shard = tmp_path / "shards" / "shard-000000.tar"
+    with tarfile.open(shard) as tar:
+        members = [(info, tar.extractfile(info).read()) for info in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(shard, "w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data))
+            if info.name == "000000001.cls":  # sample 1: one more member
+                extra = tarfile.TarInfo("000000001.stray")
+                extra.size = 2
+                tar.addfile(extra, io.BytesIO(b"hi"))
+    later = shard.stat().st_mtime_ns + 10**9  # the same size (tar pads to 10 KiB), maybe the same clock tick
+    os.utime(shard, ns=(later, later))
+    report = verify(tmp_path / "shards")
+    assert report.problems == (
+        f"{tmp_path / 'shards'}: the shards hold '.stray' members, which the manifest does not record",
+    )

@@ -4,6 +4,7 @@ shard cache with workers, survive throttling, stalls, resets and cut bodies, and
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,15 @@ from fastloader import DataLoaderX
 from fastloader.datasets import ImageDataset, TarShardDataset
 from fastloader.datasets.remote_tar import RemoteTarShardSource
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField, read_fields
+from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.pack import pack
 from fastloader.remote.retry import RemoteError, RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.sample import make_sample_folder
 from fastloader.samplers import ShardWindowSampler
+from tests.field_items import FIELDS, FieldItems, assert_same_value, field_values
+from tests.formats.test_tar_shards import index_as_version_1
 from tests.remote import fault_proxy as faults
 
 IMAGES, SHARD = 48, 10  # 5 shards
@@ -157,3 +162,52 @@ def test_a_killed_upload_resumes_without_sending_shards_again(
     pack(str(photos), url, shard_size=SHARD, progress=False, workers=0)
     assert fault_proxy.count("PUT", "shard-000000.tar") == before  # already there: not sent again
     assert len(TarShardDataset(url, cache=tmp_path / "cache")) == IMAGES
+
+
+def test_fields_read_from_s3(s3_env: Any, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/fields"
+    items = FieldItems(9)
+    pack(items, url, shard_size=4, progress=False, workers=0)
+    source = RemoteTarShardSource(url, cache=tmp_path / "cache")
+    assert source.field_kinds() == dict(sorted(FIELDS.items())) and len(source) == 9
+    for i in (8, 0, 5, 1):
+        assert read_fields(source, i).keys() == field_values(i).keys()
+        for name, value in field_values(i).items():
+            assert_same_value(source.read_field(i, name), value, f"{i} {name}")
+    with pytest.raises(MissingField, match=r"shard-000000\.tar:000000002: no field 'Caption'"):
+        source.read_field(2, "Caption")
+
+
+class CountingStore(S3Store):
+    """An S3Store that records the objects it downloads whole (shards, for the shard cache)."""
+
+    downloads: list[str]
+
+    def download(self, url: Any, path: str, size: int) -> None:
+        self.downloads.append(str(url))
+        super().download(url, path, size)
+
+
+def test_a_pack_uploaded_by_the_previous_version_reads_without_fetching_shards(
+    packed: str, s3_server: Any, s3_bucket: str, tmp_path: Path, s3_env: Any
+) -> None:
+    client = s3_server.client()
+    for key in [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"]]:
+        local = tmp_path / "object"
+        local.write_bytes(client.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+        if key.endswith(".fl-idx"):
+            index_as_version_1(local)  # as version 1 uploaded them: no member arrays
+        elif key.endswith(MANIFEST_NAME):
+            manifest = json.loads(local.read_bytes())
+            del manifest["fields"]
+            local.write_text(json.dumps({**manifest, "version": 1}))
+        else:
+            continue
+        client.put_object(Bucket=s3_bucket, Key=key, Body=local.read_bytes())
+    store = CountingStore()
+    store.downloads = []
+    source = RemoteTarShardSource(packed, cache=tmp_path / "cache", store=store)
+    assert len(source) == IMAGES and source.classes is not None and source.field_kinds() == {}
+    assert store.downloads == [], "the old indexes were upgraded, not rebuilt from the shards"
+    assert source.source_key(0) is not None and source.read(IMAGES - 1)
+    assert len(store.downloads) == 1
