@@ -41,3 +41,23 @@ def test_imagefolder_example_runs_with_fastloader_and_with_the_stock_import(tmp_
     for path in (script, stock):
         out = run(path, str(data), "--batch-size", "8", "--image-size", "32", "--max-steps", "2", "--workers", "2")
         assert "epoch 0: loss" in out
+
+
+def test_clip_example_trains_on_image_text_shards(tmp_path: Path) -> None:
+    out = run(
+        ROOT / "examples" / "train_clip_tar.py",
+        *("--make-sample", str(tmp_path / "captions"), "--sample-size", "96", "--batch-size", "16"),
+        *("--image-size", "64", "--max-steps", "3", "--workers", "2"),
+    )
+    loss = float(out.split("epoch 0: loss ")[1].split()[0])
+    assert np.isfinite(loss) and "after 3 steps" in out and "input pipeline:" in out
+
+
+def test_detection_example_trains_on_boxes_and_masks(tmp_path: Path) -> None:
+    out = run(
+        ROOT / "examples" / "train_detection.py",
+        *("--make-sample", str(tmp_path / "scenes"), "--sample-size", "16", "--batch-size", "4"),
+        *("--image-size", "96", "--max-steps", "2", "--workers", "2"),
+    )
+    loss = float(out.split("epoch 0: loss ")[1].split()[0])
+    assert np.isfinite(loss) and "after 2 steps" in out

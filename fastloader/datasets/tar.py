@@ -34,6 +34,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value, kind_of_extension
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at, write_index
 from fastloader.formats.patterns import expand_pattern
@@ -386,6 +387,9 @@ class TarShardDataset(ImageDataset[Any]):
     through a local shard cache (``cache``: its directory, ``cache_limit``: its size in bytes) from the
     store at ``endpoint_url`` (default: the environment's ``AWS_ENDPOINT_URL``, else AWS). Read them in a
     shard-aware order: ``fastloader.samplers.ShardWindowSampler(dataset)``.
+
+    ``fields``: every member of a sample by its extension (``("jpg", "txt", "json")``: tuple items;
+    a mapping: dict items; see ``fastloader.fields``).
     """
 
     def __init__(
@@ -400,6 +404,7 @@ class TarShardDataset(ImageDataset[Any]):
         endpoint_url: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source: Any
         if isinstance(pattern, str) and pattern.startswith("s3://"):
@@ -411,6 +416,6 @@ class TarShardDataset(ImageDataset[Any]):
             )
         else:
             source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
-        super().__init__(source, transform, target_transform, decode)
+        super().__init__(source, transform, target_transform, decode, fields=fields)
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}
