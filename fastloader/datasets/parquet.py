@@ -301,19 +301,19 @@ class _OpenFiles:
     def column(self, file: int, group: int, spec: _Column) -> Any:
         """The column of ``spec`` in row group ``group`` of ``file``, one Arrow array (read once)."""
         entry = self._groups.get((file, group))
+        if entry is not None:
+            self._groups.move_to_end((file, group))
+            if spec.column in entry:
+                return entry[spec.column]
+        table = self.parquet_file(file).read_row_group(group, columns=[spec.column])
+        array = table.column(spec.column).combine_chunks()  # "a.b" may also bring a nested "a": by name
+        if spec.how == "hf_image":
+            array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
+        self.reads += 1
         if entry is None:
             entry = self._groups[(file, group)] = {}
-        else:
-            self._groups.move_to_end((file, group))
-        array = entry.get(spec.column)
-        if array is None:
-            table = self.parquet_file(file).read_row_group(group, columns=[spec.column])
-            array = table.column(spec.column).combine_chunks()  # "a.b" may also bring a nested "a": by name
-            if spec.how == "hf_image":
-                array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
-            entry[spec.column] = array
-            self.reads += 1
-            self._evict()
+        entry[spec.column] = array
+        self._evict()
         return array
 
     def _evict(self) -> None:
