@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -52,6 +52,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value
 from fastloader.formats.parquet_pack import (
     PACK_FORMAT,
@@ -525,7 +526,9 @@ def _check_same(first_path: str, first: _Layout, path: str, layout: _Layout) -> 
 class ParquetDataset(ImageDataset[Any]):
     """``(transform(image), target_transform(label))`` for each row of Parquet files (see :class:`ParquetSource`).
 
-    Keyword arguments are those of :class:`ParquetSource`. ``classes`` / ``class_to_idx`` come from
+    ``fields``: samples with more than a label (``fields=("image", "caption", "label")``: see
+    ``fastloader.datasets.base``); every column besides the image and label is a field, named as
+    the column. Other keyword arguments are those of :class:`ParquetSource`. ``classes`` / ``class_to_idx`` come from
     a Hugging Face ``ClassLabel`` or a pack's manifest (None otherwise). Read in a shard-aware order
     (``fastloader.samplers.ShardWindowSampler(dataset)``) rather than uniformly at random: see the
     module docstring.
@@ -542,6 +545,7 @@ class ParquetDataset(ImageDataset[Any]):
         label_column: str | None = None,
         key_column: str | None = None,
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source = ParquetSource(
             pattern,
@@ -550,6 +554,6 @@ class ParquetDataset(ImageDataset[Any]):
             key_column=key_column,
             cache_row_groups=cache_row_groups,
         )
-        super().__init__(source, transform, target_transform, decode)
+        super().__init__(source, transform, target_transform, decode, fields=fields)
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

@@ -140,6 +140,19 @@ def test_default_items_decode_to_the_right_pixels_with_class_names(hf_dir) -> No
         assert label == (-1 if i == 13 else i % 3)  # a null label is "no label"
 
 
+def test_samples_with_fields_as_tuples_or_dicts(hf_dir) -> None:
+    directory, rows = hf_dir
+    pairs = ParquetDataset(directory, fields=("image", "caption", "label"))
+    image, caption, label = pairs[1]
+    assert np.array_equal(np.asarray(image), pixels_of(1)) and (caption, label) == (rows[1]["caption"], 1)
+    named = ParquetDataset(directory, fields={"vec": "embedding", "meta": "meta", "score": "score"})
+    sample = named[4]
+    assert sample["vec"].dtype == np.float32 and sample["vec"].tolist() == np.float32(rows[4]["embedding"]).tolist()
+    assert (sample["meta"], sample["score"]) == (rows[4]["meta"], rows[4]["score"])
+    with pytest.raises(MissingField, match=r"train-00000-of-00003.parquet#3: no field 'caption'"):
+        pairs[3]
+
+
 def test_nulls_are_missing_fields_naming_the_key_and_column(hf_dir) -> None:
     directory, _ = hf_dir
     source = ParquetSource(directory)

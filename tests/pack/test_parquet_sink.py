@@ -171,6 +171,26 @@ def test_every_field_kind_survives_any_source_to_parquet_to_parquet(tmp_path: Pa
     assert codecs["vec.list.element"] == "SNAPPY"
 
 
+def test_a_hugging_face_dataset_packs_to_parquet_and_through_tar_shards_with_its_fields(tmp_path: Path) -> None:
+    from tests.datasets.test_parquet import write_hf_dataset
+
+    rows = write_hf_dataset(tmp_path / "hf", [10, 7])
+    original = ParquetSource(tmp_path / "hf")
+    pack(tmp_path / "hf", tmp_path / "own", format="parquet", workers=0, progress=False)
+    pack(tmp_path / "hf", tmp_path / "tar", format="tar", workers=0, progress=False)
+    pack(tmp_path / "tar", tmp_path / "back", format="parquet", workers=0, progress=False)
+    for dst in ("own", "back"):
+        packed = ParquetSource(tmp_path / dst)
+        assert packed.field_kinds() == original.field_kinds() and len(packed) == len(rows)
+        assert packed.classes == original.classes == ["cat", "dog", "fish"]
+        for i in range(len(rows)):
+            assert (packed.read(i), packed.label(i)) == (rows[i]["image"]["bytes"], original.label(i))
+            got, expected = read_fields(packed, i), read_fields(original, i)
+            assert got.keys() == expected.keys() and all(same(got[n], v) for n, v in expected.items()), i
+    second_file = tmp_path / "hf" / "train-00001-of-00002.parquet"
+    assert ParquetSource(tmp_path / "own").key(11) == original.key(11) == f"{second_file}#1"
+
+
 def test_a_folder_packs_to_parquet_with_classes_and_reads_as_a_dataset(tmp_path: Path) -> None:
     items = write_image_folder(tmp_path / "images", count=20)
     pack(tmp_path / "images", tmp_path / "out", format="parquet", shard_size=8, workers=2, progress=False)
