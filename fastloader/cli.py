@@ -1,7 +1,7 @@
 """The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan``, ``doctor`` and ``bench``.
 
     fastloader info                 what is active: torch, CUDA, PIL flavour, libjpeg, CPUs
-    fastloader pack SRC DST         pack images into an LMDB or tar shards (resumable)
+    fastloader pack SRC DST         pack images into an LMDB, tar shards or Parquet files (resumable)
     fastloader verify DST           check every record of a pack
     fastloader scan SRC             decode every image of a dataset and list the bad ones
     fastloader doctor PATH          where the time goes on your data: the slowest stage, and what to do
@@ -25,6 +25,7 @@ sources (SRC, guessed unless --src-format is given):
   MXNet RecordIO (.idx beside it)              train.rec
   TFRecord files                               'train-*.tfrecord'
   WebDataset-style tar shards                  'train-{000000..000099}.tar'
+  Parquet files (Hugging Face image datasets)  'data/train-*.parquet', or their directory
   a fastloader LMDB (to re-encode it)          train.lmdb
 
 Resumable: killed at any moment (even SIGKILL), the same command run again continues where the
@@ -180,8 +181,9 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
     pack = commands.add_parser(
         "pack",
-        help="pack images into an LMDB or tar shards (resumable)",
-        description="Pack the images of SRC into DST: a fastloader LMDB (default) or WebDataset tar shards.",
+        help="pack images into an LMDB, tar shards or Parquet files (resumable)",
+        description="Pack the images of SRC into DST: a fastloader LMDB (default), WebDataset tar shards or"
+        " Parquet files.",
         epilog=_PACK_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -192,7 +194,9 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="the output directory (created; an unfinished one is resumed), or s3://bucket/prefix (tar shards)",
     )
     pack.add_argument(
-        "--format", choices=("lmdb", "tar"), help="output format (default: lmdb; tar for an s3:// destination)"
+        "--format",
+        choices=("lmdb", "tar", "parquet"),
+        help="output format (default: lmdb; tar for an s3:// destination)",
     )
     pack.add_argument(
         "--resize-max-side",
@@ -212,7 +216,9 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     pack.add_argument("--src-format", choices=("auto", *SOURCE_KINDS), default="auto", help="how to read SRC")
     pack.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
-    pack.add_argument("--shard-size", type=_positive, default=10000, metavar="N", help="images per tar shard")
+    pack.add_argument(
+        "--shard-size", type=_positive, default=10000, metavar="N", help="images per tar shard or Parquet file"
+    )
     pack.add_argument(
         "--commit-every", type=_positive, default=256, metavar="N", help="images per LMDB transaction (default 256)"
     )
@@ -304,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify",
         help="check every record of a pack (checksums, count)",
-        description="Check every record of DST (a fastloader LMDB or pack of tar shards): structure, header, "
-        "checksum, label and count. Exits 1 naming the bad records when any check fails.",
+        description="Check every record of DST (a fastloader LMDB, or a pack of tar shards or Parquet files):"
+        " structure, header, checksum, label, fields and count. Exits 1 naming the bad records when any check fails.",
     )
     verify.add_argument("dst", metavar="DST", help="the pack to check")
     verify.add_argument("--show", type=_positive, default=20, metavar="N", help="problems to print (default 20)")

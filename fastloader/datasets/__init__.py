@@ -11,6 +11,7 @@ protocol a custom source implements.
 from fastloader.datasets.base import ImageDataset, Source
 from fastloader.datasets.folder import FileListDataset, FileListSource, FolderSource, ImageFolder
 from fastloader.datasets.lmdb import LMDBDataset, LMDBSource
+from fastloader.datasets.parquet import ParquetDataset, ParquetSource
 from fastloader.datasets.recordio import RecordIODataset, RecordIOSource
 from fastloader.datasets.tar import TarShardDataset, TarShardSource
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
@@ -23,6 +24,8 @@ __all__ = [
     "ImageFolder",
     "LMDBDataset",
     "LMDBSource",
+    "ParquetDataset",
+    "ParquetSource",
     "RecordIODataset",
     "RecordIOSource",
     "Source",

@@ -1,8 +1,8 @@
-"""The offline tools: ``fastloader pack`` (any source to LMDB or tar shards), ``scan`` and ``verify``.
+"""The offline tools: ``fastloader pack`` (any source to LMDB, tar shards or Parquet), ``scan`` and ``verify``.
 
-    source (folder, list, LMDB, RecordIO, TFRecord, tar) ─► reader processes (readers.py: read, check,
-    re-encode) ─► one writer: the pack engine (engine.py) ─► a sink (sink.py: the contract;
-    lmdb_sink.py, tar_sink.py) that owns durability and resume; metadata written last
+    source (folder, list, LMDB, RecordIO, TFRecord, tar, Parquet) ─► reader processes (readers.py: read,
+    check, re-encode) ─► one writer: the pack engine (engine.py) ─► a sink (sink.py: the contract;
+    lmdb_sink.py, tar_sink.py, parquet_sink.py) that owns durability and resume; metadata written last
 
 ``scan.py`` decodes every item of a source and lists the bad ones; ``verify.py`` checks a finished
 pack. Byte layouts live in ``fastloader.formats``; none of this runs during training.

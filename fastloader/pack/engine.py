@@ -1,5 +1,5 @@
-"""``fastloader pack``: turn an image folder, file list, RecordIO, TFRecord, tar shards or a fastloader
-LMDB into a fastloader LMDB (default) or WebDataset-compatible tar shards::
+"""``fastloader pack``: turn an image folder, file list, RecordIO, TFRecord, tar shards, Parquet files or a
+fastloader LMDB into a fastloader LMDB (default), WebDataset-compatible tar shards or Parquet files::
 
     from fastloader.pack.engine import pack
     summary = pack("imagenet/train", "train.lmdb", resize_max_side=512, quality=90)
@@ -8,7 +8,7 @@ LMDB into a fastloader LMDB (default) or WebDataset-compatible tar shards::
 Data flow: a pool of ``workers`` reader processes (default: the usable cores) takes ranges of
 source positions, reads each item, checks that it decodes and re-encodes it when asked. This
 process is the one writer: it takes the results in source order and hands them to the sink
-(``LMDBSink`` or ``TarShardSink``), which batches commits and owns durability. At most
+(``LMDBSink``, ``TarShardSink`` or ``ParquetSink``), which batches commits and owns durability. At most
 ``2 * workers + 2`` ranges are in flight, so memory stays bounded when the writer is the slow side.
 The pool is forked before the sink opens its output (an LMDB environment must never cross a fork).
 
@@ -53,18 +53,23 @@ from fastloader.pack.sink import Sink
 from fastloader.remote.url import is_remote
 from fastloader.world import usable_cpus
 
-OUTPUT_FORMATS = ("lmdb", "tar")
+OUTPUT_FORMATS = ("lmdb", "tar", "parquet")
 _KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
 
 
 def detect_source_kind(src: str) -> str:
     """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
     if os.path.isdir(src):
+        from fastloader.formats.parquet_pack import is_pack_dir
         from fastloader.formats.tar_manifest import MANIFEST_NAME
 
         if os.path.exists(os.path.join(src, "data.mdb")):
             return "lmdb"
-        return "tar" if os.path.exists(os.path.join(src, MANIFEST_NAME)) else "folder"
+        if os.path.exists(os.path.join(src, MANIFEST_NAME)):
+            return "tar"
+        if is_pack_dir(src) or any(name.endswith(".parquet") for name in os.listdir(src)):
+            return "parquet"
+        return "folder"
     name = os.path.basename(src).lower()
     if name.endswith((".txt", ".csv", ".lst", ".tsv")):
         return "list"
@@ -74,11 +79,13 @@ def detect_source_kind(src: str) -> str:
         return "tfrecord"
     if name.endswith(".tar"):
         return "tar"
+    if name.endswith(".parquet"):
+        return "parquet"
     if name.endswith((".mdb", ".lmdb")):
         return "lmdb"
     raise ValueError(
         f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
-        "a .tfrecord pattern, a .tar pattern or a fastloader LMDB (or pass src_format)"
+        "a .tfrecord pattern, a .tar pattern, .parquet files or a fastloader LMDB (or pass src_format)"
     )
 
 
@@ -90,6 +97,7 @@ _SOURCE_CLASSES = {
     "tfrecord": ("fastloader.datasets.tfrecord", "TFRecordSource"),
     "tar": ("fastloader.datasets.tar", "TarShardSource"),
     "lmdb": ("fastloader.datasets.lmdb", "LMDBSource"),
+    "parquet": ("fastloader.datasets.parquet", "ParquetSource"),
 }
 SOURCE_KINDS = tuple(_SOURCE_CLASSES)
 
@@ -157,7 +165,7 @@ def _fingerprint(
         "resize_max_side": options.resize_max_side,
         "quality": options.quality,
     }
-    if output == "tar":
+    if output in ("tar", "parquet"):
         fingerprint["shard_size"] = shard_size
     if fields:
         fingerprint["fields"] = fields
@@ -175,9 +183,15 @@ def _open_sink(
 ) -> Sink:
     if output == "lmdb":
         return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every, fields=fields)
+    sink: Sink
+    if output == "parquet":
+        from fastloader.pack.parquet_sink import ParquetSink
+
+        sink = ParquetSink(dst, fingerprint, shard_size=shard_size, fields=fields)
+        return sink
     from fastloader.pack.tar_sink import TarShardSink
 
-    sink: Sink = TarShardSink(dst, fingerprint, shard_size=shard_size, fields=fields)
+    sink = TarShardSink(dst, fingerprint, shard_size=shard_size, fields=fields)
     return sink
 
 
@@ -290,7 +304,7 @@ def pack(
 ) -> PackSummary:
     """Pack ``src`` (a path, or any :class:`Source`) into ``dst``; resume it if an earlier run was cut short.
 
-    ``format``: ``lmdb`` (default) or ``tar`` (shards of ``shard_size``); ``dst`` may be an
+    ``format``: ``lmdb`` (default), ``tar`` or ``parquet`` (files of ``shard_size`` items); ``dst`` may be an
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
     (default: guessed, see :func:`detect_source_kind`); ``root``: the base of a file list's

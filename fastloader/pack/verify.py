@@ -15,7 +15,13 @@ For tar shards written by ``fastloader pack --format tar``: the manifest must be
 sample readable and the count must match; every field member of every sample must decode as the
 kind the manifest records (a ``.json`` that is not JSON, an ``.npy`` that is not an array), and the
 shards must hold no member extension the manifest does not record. Tar members carry no checksum
-of their data, so a flipped byte inside an image (or a byte string) is only found in an LMDB.
+of their data, so a flipped byte inside an image (or a byte string) is only found in an LMDB or in
+Parquet files.
+
+For Parquet files written by ``fastloader pack --format parquet``: the manifest must be complete,
+each file's footer must count the rows the manifest recorded, every row group must read with its
+page checksums verified, every row must have an image, and every field value must decode as its
+kind. Problems name the file and row, and the sample's key.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ class VerifyReport:
     """The outcome of :func:`verify`: ``ok`` when ``problems`` is empty."""
 
     path: str
-    format: str  # "lmdb" or "tar"
+    format: str  # "lmdb", "tar" or "parquet"
     expected: int  # records the metadata announces
     checked: int  # records read and checked
     problems: tuple[str, ...] = ()
@@ -192,8 +198,78 @@ def _tar_sample_problems(source: Any, index: int, fields: list[str]) -> list[str
     return found
 
 
+def _reason(error: BaseException, key: str) -> str:
+    """What went wrong, without the key the message may start with (the report names it already)."""
+    if isinstance(error, FormatError):
+        return str(error).removeprefix(f"{key}: ") if key else str(error)
+    return f"unreadable ({type(error).__name__}: {error})"
+
+
+def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
+    from fastloader.datasets.parquet import ParquetSource
+    from fastloader.fields.values import MissingField, check_value
+    from fastloader.formats.parquet_pack import import_pyarrow, read_pack_manifest
+
+    _, pq = import_pyarrow()
+    state = read_pack_manifest(path)  # FormatError if unfinished
+    expected = state.count
+    problems: list[str] = []
+    for shard in state.shards:
+        file = os.path.join(path, shard.name)
+        try:
+            rows = pq.read_metadata(file).num_rows
+        except (OSError, ValueError) as error:
+            problems.append(f"{file}: unreadable footer ({type(error).__name__}: {error})")
+            continue
+        if rows != shard.count:
+            problems.append(f"{file}: {rows} rows, the manifest records {shard.count}")
+    if problems:
+        return VerifyReport(path, "parquet", expected, 0, tuple(problems))
+    try:
+        source = ParquetSource(path, verify_checksums=True)
+    except FormatError as error:
+        return VerifyReport(path, "parquet", expected, 0, (str(error),))
+    if len(source) != expected:
+        problems.append(f"{path}: {len(source)} rows in the files, the manifest announces {expected}")
+    if source.field_kinds() != state.fields:
+        problems.append(f"{path}: the files hold fields {source.field_kinds()}, the manifest {state.fields}")
+    kinds = {name: kind for name, kind in source.field_kinds().items() if state.fields.get(name) == kind}
+    bad: list[int] = []
+
+    def problem(index: int, message: str) -> None:
+        if not bad or bad[-1] != index:
+            bad.append(index)
+        if len(problems) < _MAX_PROBLEMS:
+            problems.append(message)
+
+    with _progress_bar(len(source), path, show_progress) as bar:
+        for index in range(len(source)):
+            location, key = source.location(index), ""
+            try:
+                key = source.key(index)
+            except (OSError, ValueError) as error:  # pyarrow raises OSError or ValueError (ArrowInvalid)
+                problem(index, f"{location}: unreadable key ({_reason(error, '')})")
+            where = f"{location} ({key})" if key else location
+            try:
+                if not source.read(index):
+                    raise FormatError(f"{key}: empty image")
+                source.label(index)
+            except (OSError, ValueError) as error:
+                problem(index, f"{where}: {_reason(error, key)}")
+            for name, kind in kinds.items():
+                try:
+                    check_value(kind, source.read_field(index, name), f"{key}: field {name!r}")
+                except MissingField:
+                    continue
+                except (OSError, ValueError) as error:
+                    reason = _reason(error, key)
+                    problem(index, f"{where}: {reason if reason.startswith('field') else f'field {name!r}: {reason}'}")
+            bar.update(1)
+    return VerifyReport(path, "parquet", expected, len(source), tuple(problems), tuple(bad))
+
+
 def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyReport:
-    """Check every record of the pack at ``dst`` (LMDB or tar shards); see the module docstring.
+    """Check every record of the pack at ``dst`` (LMDB, tar shards or Parquet); see the module docstring.
 
     Raises FileNotFoundError when nothing is there and FormatError when ``dst`` is not a finished
     pack (incomplete, written by another tool or by a newer fastloader).
@@ -207,4 +283,10 @@ def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyRepo
 
     if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST_NAME, PROGRESS_NAME)):
         return _verify_tar(path, progress)
-    raise FormatError(f"{path}: neither a fastloader LMDB (no data.mdb) nor tar shards (no {MANIFEST_NAME})")
+    from fastloader.formats.parquet_pack import is_pack_dir
+
+    if is_pack_dir(path):
+        return _verify_parquet(path, progress)
+    raise FormatError(
+        f"{path}: neither a fastloader LMDB (no data.mdb) nor tar shards (no {MANIFEST_NAME}) nor a Parquet pack"
+    )

@@ -1,0 +1,303 @@
+"""ParquetDataset over real Parquet files written as Hugging Face writes image datasets: columns,
+fields, nulls, several files and row groups, random and shard-aware access, workers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import fastloader.datasets.parquet as parquet_dataset
+from fastloader.datasets import ParquetDataset, ParquetSource
+from fastloader.datasets.base import Source, decode_pil
+from fastloader.errors import FormatError
+from fastloader.fields.values import FieldSource, MissingField, aliases, field_kinds, read_fields
+from fastloader.samplers import ShardWindowSampler
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSES = ["cat", "dog", "fish"]
+HF_IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def pixels_of(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, (12 + i % 5, 16, 3), dtype=np.uint8)
+
+
+def png(i: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels_of(i)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def row(i: int) -> dict[str, Any]:
+    """Row i of the toy dataset, as Python values (None: a null), with a few nulls on purpose."""
+    return {
+        "image": {"bytes": png(i), "path": f"img_{i}.png"},
+        "label": None if i == 13 else i % 3,
+        "caption": None if i % 7 == 3 else f"a photo n°{i} 🐟",
+        "embedding": None if i == 5 else [float(i) + 0.25, -1.5, 3e-8 * i],
+        "meta": {"width": 16, "source": f"site{i % 2}", "tags": ["x", "y"][: i % 3]},
+        "score": None if i == 8 else i / 3,
+    }
+
+
+def hf_table(rows: list[dict[str, Any]]) -> pa.Table:
+    schema = pa.schema(
+        [
+            ("image", HF_IMAGE),
+            ("label", pa.int64()),
+            ("caption", pa.string()),
+            ("embedding", pa.list_(pa.float32())),
+            ("meta", pa.struct([("width", pa.int64()), ("source", pa.string()), ("tags", pa.list_(pa.string()))])),
+            ("score", pa.float64()),
+        ],
+        # What `datasets` puts in every file it writes: the features, with the ClassLabel names.
+        metadata={
+            b"huggingface": json.dumps(
+                {
+                    "info": {
+                        "features": {
+                            "image": {"_type": "Image"},
+                            "label": {"names": CLASSES, "_type": "ClassLabel"},
+                            "caption": {"dtype": "string", "_type": "Value"},
+                        }
+                    }
+                }
+            ).encode()
+        },
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_hf_dataset(directory: Path, sizes: list[int], row_group_size: int = 4) -> list[dict[str, Any]]:
+    """``train-0000K-of-0000N.parquet`` files of ``sizes`` rows, in row groups of ``row_group_size``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [row(i) for i in range(sum(sizes))]
+    start = 0
+    for number, size in enumerate(sizes):
+        name = f"train-{number:05d}-of-{len(sizes):05d}.parquet"
+        pq.write_table(hf_table(rows[start : start + size]), directory / name, row_group_size=row_group_size)
+        start += size
+    return rows
+
+
+@pytest.fixture()
+def hf_dir(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    return tmp_path / "data", write_hf_dataset(tmp_path / "data", [10, 7, 9])
+
+
+def test_hugging_face_files_read_back_exactly(hf_dir) -> None:
+    directory, rows = hf_dir
+    source = ParquetSource(directory)
+    assert isinstance(source, Source) and isinstance(source, FieldSource)
+    assert len(source) == 26 and source.classes == CLASSES
+    assert field_kinds(source) == {"caption": "text", "embedding": "array", "meta": "json", "score": "float"}
+    assert aliases(source) == {"image": "image", "label": "label"}
+    files = sorted(str(directory / name) for name in os.listdir(directory))
+    order = list(range(len(source)))
+    random.Random(0).shuffle(order)
+    for i in order:  # random access across files and row groups
+        expected = rows[i]
+        file = 0 if i < 10 else 1 if i < 17 else 2
+        row_in_file = i - (0, 10, 17)[file]
+        assert source.read(i) == expected["image"]["bytes"]
+        assert source.label(i) == (-1 if expected["label"] is None else expected["label"])
+        assert source.key(i) == source.location(i) == f"{files[file]}#{row_in_file}"
+        values = read_fields(source, i)
+        present = {n: value for n, value in expected.items() if n not in ("image", "label") and value is not None}
+        assert values.keys() == present.keys()
+        if "caption" in present:
+            assert values["caption"] == present["caption"]
+        if "embedding" in present:
+            assert values["embedding"].dtype == np.float32
+            assert values["embedding"].tolist() == np.array(present["embedding"], np.float32).tolist()
+        assert values["meta"] == present["meta"]
+        if "score" in present:
+            assert values["score"] == present["score"]  # float64: bit for bit
+
+
+def test_default_items_decode_to_the_right_pixels_with_class_names(hf_dir) -> None:
+    directory, rows = hf_dir
+    dataset = ParquetDataset(str(directory / "train-*.parquet"))
+    assert dataset.classes == CLASSES and dataset.class_to_idx == {"cat": 0, "dog": 1, "fish": 2}
+    for i in (0, 9, 10, 13, 25):
+        image, label = dataset[i]
+        assert isinstance(image, Image.Image) and np.array_equal(np.asarray(image), pixels_of(i))
+        assert label == (-1 if i == 13 else i % 3)  # a null label is "no label"
+
+
+def test_samples_with_fields_as_tuples_or_dicts(hf_dir) -> None:
+    directory, rows = hf_dir
+    pairs = ParquetDataset(directory, fields=("image", "caption", "label"))
+    image, caption, label = pairs[1]
+    assert np.array_equal(np.asarray(image), pixels_of(1)) and (caption, label) == (rows[1]["caption"], 1)
+    named = ParquetDataset(directory, fields={"vec": "embedding", "meta": "meta", "score": "score"})
+    sample = named[4]
+    assert sample["vec"].dtype == np.float32 and sample["vec"].tolist() == np.float32(rows[4]["embedding"]).tolist()
+    assert (sample["meta"], sample["score"]) == (rows[4]["meta"], rows[4]["score"])
+    with pytest.raises(MissingField, match=r"train-00000-of-00003.parquet#3: no field 'caption'"):
+        pairs[3]
+
+
+def test_nulls_are_missing_fields_naming_the_key_and_column(hf_dir) -> None:
+    directory, _ = hf_dir
+    source = ParquetSource(directory)
+    key = source.key(3)
+    with pytest.raises(MissingField, match=f"{key}: no field 'caption' \\(null in column 'caption'\\)"):
+        source.read_field(3, "caption")
+    with pytest.raises(MissingField, match="#5: no field 'embedding'"):
+        source.read_field(5, "embedding")
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        source.read_field(0, "nope")
+    assert source.label(13) == -1
+
+
+def test_sequential_and_shard_window_access_read_each_row_group_once(hf_dir) -> None:
+    directory, rows = hf_dir
+    source = ParquetSource(directory, cache_row_groups=2)
+    # Row groups of 4 rows: files of 10, 7 and 9 rows make groups of 4, 4, 2 | 4, 3 | 4, 4, 1.
+    assert source.shard_starts().tolist() == [0, 4, 8, 10, 14, 17, 21, 25, 26]
+    assert [source.read(i) for i in range(len(source))] == [r["image"]["bytes"] for r in rows]
+    assert source.cache_info()["column_reads"] == 8  # one image column chunk per row group
+    clone = pickle.loads(pickle.dumps(source))  # a fresh process-local state: nothing read yet
+    sampler = ShardWindowSampler(ParquetDataset(directory), window=2, seed=3)
+    order = list(sampler)
+    assert sorted(order) == list(range(26)) and order != list(range(26))
+    for i in order:
+        assert clone.read(i) == rows[i]["image"]["bytes"] and clone.label(i) in (-1, i % 3)
+    info = clone.cache_info()
+    assert info["column_reads"] == 2 * 8 and info["cached_row_groups"] == 2  # image + label, once per group
+
+
+def test_columns_found_by_name_and_given_explicitly(tmp_path: Path) -> None:
+    n = 6
+    table = pa.table(
+        {
+            "__key__": [f"sample{i:03d}" for i in range(n)],
+            "jpg": [png(i) for i in range(n)],
+            "cls": pa.array([i % 2 for i in range(n)], pa.int32()),
+            "label": [f"text label {i}" for i in range(n)],  # a string "label" is a field, not the label
+            "seg.png": pa.array([png(i + 50) for i in range(n)], pa.large_binary()),
+            "mask": pa.array([{"bytes": png(i + 100), "path": None} for i in range(n)], HF_IMAGE),
+            "tags": pa.array([f"t{i % 2}" for i in range(n)]).dictionary_encode(),
+            "flag": [i % 2 == 0 for i in range(n)],
+            "box": pa.array([[i, i + 1, 8, 9] for i in range(n)], pa.list_(pa.int16(), 4)),
+            "when": pa.array([i * 86400 for i in range(n)], pa.timestamp("s")),
+            "attrs": pa.array([[("w", i), ("h", 2)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+            "words": pa.array([["a", "b"][: i % 3] for i in range(n)], pa.list_(pa.string())),
+            "extra": pa.array([None] * n, pa.null()),
+        }
+    )
+    pq.write_table(table, tmp_path / "wds.parquet")
+    source = ParquetSource(tmp_path / "wds.parquet")
+    assert source.field_kinds() == {
+        "label": "text",
+        "seg.png": "bytes",
+        "mask": "image",
+        "tags": "text",
+        "flag": "int",
+        "box": "array",
+        "when": "text",
+        "attrs": "json",
+        "words": "json",
+    }
+    assert source.field_aliases() == {"jpg": "image", "cls": "label"}
+    assert (source.key(4), source.read(4), source.label(3), source.classes) == ("sample004", png(4), 1, None)
+    fields = read_fields(source, 2)
+    assert (fields["label"], fields["seg.png"], fields["mask"]) == ("text label 2", png(52), png(102))
+    assert (fields["tags"], fields["flag"], fields["when"]) == ("t0", 1, "1970-01-03 00:00:00")
+    assert fields["box"].dtype == np.int16 and fields["box"].tolist() == [2, 3, 8, 9]
+    assert (fields["attrs"], fields["words"]) == ({"w": 2, "h": 2}, ["a", "b"])
+    # Given explicitly: the mask is the image, "cls" is a field, and no label column means -1.
+    other = ParquetSource(tmp_path / "wds.parquet", image_column="mask", key_column="tags")
+    assert (other.read(1), other.key(1), other.label(1)) == (png(101), "t1", 1)
+    assert "jpg" in other.field_kinds() and "mask" not in other.field_kinds()
+    nolabel = pa.table({"png": [png(0)], "caption": ["x"]})
+    pq.write_table(nolabel, tmp_path / "nolabel.parquet")
+    assert ParquetSource(tmp_path / "nolabel.parquet").label(0) == -1
+
+
+def test_bad_columns_and_files_are_named(tmp_path: Path, hf_dir) -> None:
+    pq.write_table(pa.table({"caption": ["no image here"]}), tmp_path / "text.parquet")
+    with pytest.raises(FormatError, match=r"text.parquet: no image column found: pass image_column="):
+        ParquetSource(tmp_path / "text.parquet")
+    with pytest.raises(FormatError, match=r"no column 'pixels' for the image"):
+        ParquetSource(tmp_path / "text.parquet", image_column="pixels")
+    with pytest.raises(FormatError, match=r"image column 'caption' holds string, not binary image bytes"):
+        ParquetSource(tmp_path / "text.parquet", image_column="caption")
+    pq.write_table(pa.table({"image": [png(0)], "caption": ["x"]}), tmp_path / "one.parquet")
+    with pytest.raises(FormatError, match=r"label column 'caption' holds string, not integers"):
+        ParquetSource(tmp_path / "one.parquet", label_column="caption")
+    pq.write_table(pa.table({"image": pa.array([png(0), None])}), tmp_path / "null.parquet")
+    with pytest.raises(FormatError, match=r"null.parquet#1: no image \(null in column 'image'\)"):
+        ParquetSource(tmp_path / "null.parquet").read(1)
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(FormatError, match="junk.parquet: not a readable Parquet file"):
+        ParquetSource(tmp_path / "junk.parquet")
+    (tmp_path / "fastloader-cache").mkdir(exist_ok=True)
+    directory, _ = hf_dir
+    pq.write_table(pa.table({"image": [png(0)], "other": [1]}), directory / "zzz.parquet")
+    with pytest.raises(FormatError, match="zzz.parquet: its columns differ from"):
+        ParquetSource(directory)
+    with pytest.raises(FileNotFoundError, match="no \\*.parquet file"):
+        ParquetSource(tmp_path / "fastloader-cache")  # a directory without Parquet files
+
+
+def test_open_files_are_bounded(hf_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory, rows = hf_dir
+    monkeypatch.setattr(parquet_dataset, "_MAX_OPEN_FILES", 2)
+    source = ParquetSource(directory, cache_row_groups=1)
+    for i in [0, 12, 20, 1, 25, 11]:  # across the three files, back and forth
+        assert source.read(i) == rows[i]["image"]["bytes"]
+        assert source.cache_info()["open_files"] <= 2
+
+
+def to_tensor(image: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(image).copy())
+
+
+def test_dataloader_with_two_workers_gives_the_single_process_samples(hf_dir) -> None:
+    directory, rows = hf_dir
+    dataset = ParquetDataset(directory, transform=to_tensor)
+    expected = [dataset[i] for i in range(len(dataset))]
+    sampler = ShardWindowSampler(dataset, window=2, seed=1)
+    order = list(sampler)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, sampler=order)
+    got = list(loader)
+    assert len(got) == len(order)
+    for index, (image, label) in zip(order, got):
+        assert torch.equal(image, expected[index][0]) and label == expected[index][1]
+        assert torch.equal(image, to_tensor(decode_pil(rows[index]["image"]["bytes"])))
+
+
+def test_importing_fastloader_does_not_import_pyarrow_and_its_absence_is_explained(hf_dir) -> None:
+    directory, _ = hf_dir
+    code = (
+        "import sys\n"
+        "import fastloader, fastloader.datasets, fastloader.pack, fastloader.cli\n"
+        "assert 'pyarrow' not in sys.modules, 'pyarrow imported by import fastloader'\n"
+        "sys.modules['pyarrow'] = None  # as if it were not installed\n"
+        "from fastloader.datasets import ParquetDataset\n"
+        "try:\n"
+        "    ParquetDataset(sys.argv[1])\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "pip install fastloader[parquet]" in out.stdout
