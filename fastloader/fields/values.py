@@ -14,7 +14,7 @@ text      ``str``                 UTF-8
 json      dict, list, str, ...    UTF-8 JSON
 int       ``int`` (int64)         ASCII decimal (WebDataset's ``.cls``)
 float     ``float`` (float64)     ``repr`` in ASCII: reads back bit for bit
-array     ``numpy.ndarray``       ``.npy`` (numeric dtypes only: never pickled)
+array     ``numpy.ndarray``       ``.npy`` (numeric dtypes, native byte order: never pickled)
 ========  ======================  ==========================================================
 
 A source that carries fields implements :class:`FieldSource` on top of the image ``Source``
@@ -160,7 +160,9 @@ def check_value(kind: str, value: Any, where: str) -> Any:
             return float(value)
     elif kind == "array":
         if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-            return value
+            # Native byte order: what every format and process hand-off keeps (pickling below
+            # protocol 5 turns ">i4" into "<i4" anyway); the values are the same.
+            return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
     elif kind == "json":
         try:
             json.dumps(value)

@@ -69,11 +69,14 @@ def pack_to_remote(
     from fastloader.pack.engine import pack
 
     url = S3Url.parse(dst)
-    if options.get("format", "tar") != "tar":
+    output = options.get("format", "tar")
+    if output == "lmdb":
         raise ValueError(
             f"{dst}: an LMDB cannot be served from object storage (readers map it from a local disk):"
             " pack --format tar for S3, or copy the LMDB to local disk"
         )
+    if output != "tar":
+        raise ValueError(f"{dst}: packs to S3 are tar shards (--format tar); {output!r} packs go to a local disk")
     options["format"] = "tar"
     staging = staging_dir(url)
     staging.parent.mkdir(parents=True, exist_ok=True)
