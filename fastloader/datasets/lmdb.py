@@ -15,7 +15,12 @@ life, so that ``label(i)`` indexes an int64 array mapped straight from the file,
 worker through the page cache (no per-worker copy at 10M samples). Pinning pages costs nothing
 here because nothing writes a finished pack.
 
-The layout (record header, reserved records, versioning) is described in
+A pack with fields (``fastloader.fields``) lists them in its metadata; ``LMDBSource`` is then a
+``FieldSource`` whose ``read_field(i, name)`` decodes that one field of record ``i``, from the
+record ``read(i)`` just fetched when it is the same item. A pack without fields reads exactly as
+before fields existed: nothing is kept, nothing more is parsed.
+
+The layout (record header, fields, reserved records, versioning) is described in
 ``fastloader.formats.lmdb_records``. A path given as a directory is opened as a standard LMDB
 environment (``data.mdb`` inside); a path to a file as a single-file LMDB (``subdir=False``).
 """
@@ -34,6 +39,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField, decode_value
 from fastloader.formats import lmdb_records as records
 
 # With lock=False LMDB keeps no reader table, so this only matters to a caller that opens the
@@ -162,11 +168,16 @@ def _source_handle(path: str, meta: records.LMDBMeta) -> _Handle:
 
 
 class LMDBSource:
-    """The images of a fastloader LMDB, as a :class:`~fastloader.datasets.base.Source`.
+    """The images of a fastloader LMDB, as a :class:`~fastloader.datasets.base.Source`, and their
+    fields as a :class:`~fastloader.fields.values.FieldSource` (a pack with fields).
 
     ``verify_checksums=True`` checks every record's CRC32C on read (a few % of CPU; ``fastloader
     verify`` checks them all at once instead). ``classes`` holds the class names the pack recorded,
     or None when its source had none.
+
+    In a pack with fields, ``read(i)`` keeps the bytes after item ``i``'s image (its fields, a copy)
+    and ``read_field(i, name)`` reads them from there: the image and then its fields cost one
+    ``txn.get``. A pack without fields keeps nothing.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, verify_checksums: bool = False) -> None:
@@ -176,6 +187,14 @@ class LMDBSource:
         self.classes: list[str] | None = None if self.meta.classes is None else list(self.meta.classes)
         self._count = self.meta.count
         self._local = ProcessLocal(functools.partial(_source_handle, self.path, self.meta))
+        self._numbers = {name: number for number, (name, _) in enumerate(self.meta.fields)}
+        # (index, fields section) of the last record read in this process. One immutable tuple,
+        # replaced whole: safe to share between threads, and right in a forked child (a finished
+        # pack never changes).
+        self._last: tuple[int, bytes] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_last": None}
 
     def __len__(self) -> int:
         return self._count
@@ -191,7 +210,43 @@ class LMDBSource:
             value = txn.get(records.record_key(index))
             if value is None:
                 raise FormatError(f"{self.key(index)}: record missing")
-            return records.decode_record(value, self.key(index), self.verify_checksums)[1]
+            if not self._numbers:  # the hot path: a pack of images and labels
+                return records.decode_record(value, self.key(index), self.verify_checksums)[1]
+            header = self._header(value, index)
+            self._last = (index, bytes(records.fields_section(value, header)))
+            return bytes(memoryview(value)[records.HEADER.size : records.HEADER.size + header.length])
+
+    def _header(self, value: memoryview, index: int) -> records.RecordHeader:
+        header = records.parse_header(value, self.key(index))
+        if self.verify_checksums and records.record_checksum(value) != header.checksum:
+            raise FormatError(f"{self.key(index)}: checksum mismatch: the record is corrupted")
+        return header
+
+    def field_kinds(self) -> dict[str, str]:
+        """The fields the pack's records may carry (``{}`` for a pack of images and labels)."""
+        return dict(self.meta.fields)
+
+    def read_field(self, index: int, name: str) -> Any:
+        """The value of item ``index``'s field ``name``; MissingField when the record has none."""
+        index = self._check(index)
+        number = self._numbers.get(name)
+        if number is None:
+            known = ", ".join(self._numbers) or "none"
+            raise MissingField(f"{self.key(index)}: no field {name!r} (the pack's fields: {known})")
+        last = self._last
+        if last is not None and last[0] == index:
+            section = last[1]
+        else:
+            with self._local.get().env.begin(buffers=True) as txn:
+                value = txn.get(records.record_key(index))
+                if value is None:
+                    raise FormatError(f"{self.key(index)}: record missing")
+                section = bytes(records.fields_section(value, self._header(value, index)))
+            self._last = (index, section)
+        data = records.parse_fields(section, self.key(index)).get(number)
+        if data is None:
+            raise MissingField(f"{self.key(index)}: no field {name!r}")
+        return decode_value(self.meta.fields[number][1], data, f"{self.key(index)}: field {name!r}")
 
     def label(self, index: int) -> int:
         return int(self._local.get().labels[self._check(index)])

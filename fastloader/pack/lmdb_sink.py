@@ -2,8 +2,12 @@
 
 Implements :class:`fastloader.pack_sink.Sink` (layout in ``fastloader.formats.lmdb_records``).
 
+Fields: a sink opened with ``fields`` (name -> kind, from the engine) numbers them in that order,
+lists them so in the metadata, and writes each item's fields after its image (version 2 records,
+format version 2); without fields it writes exactly the version 1 pack of images and labels.
+
 Durability and resume: items are buffered and written in one write transaction per batch
-(``commit_every`` images or ``commit_bytes`` of image data, whichever comes first). The same
+(``commit_every`` images or ``commit_bytes`` of record data, whichever comes first). The same
 transaction writes the batch's records, its label and source-key chunks, its skipped items and
 the progress record (next source position, record count). LMDB commits a transaction entirely or
 not at all, so a pack killed at any moment (SIGKILL, power loss after ``fsync``) reopens with a
@@ -34,6 +38,7 @@ import lmdb
 import numpy as np
 
 from fastloader.errors import FormatError
+from fastloader.fields.values import check_kind, encode_value
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.bad_samples import BadSample
 
@@ -86,12 +91,16 @@ class LMDBSink:
         commit_bytes: int = DEFAULT_COMMIT_BYTES,
         fields: Mapping[str, str] | None = None,
     ) -> None:
-        if fields:
-            raise NotImplementedError(f"{dst}: an LMDB pack cannot hold fields yet ({', '.join(fields)})")
         if commit_every < 1 or commit_bytes < 1 or map_size < 1:
             raise ValueError("map_size, commit_every and commit_bytes must be positive")
         self.path = os.fspath(dst)
         self.fingerprint = normalize_fingerprint(fingerprint)
+        # The pack's schema: field number i is the i-th of ``fields`` (their order is the engine's).
+        self.fields: tuple[tuple[str, str], ...] = tuple(
+            (name, check_kind(kind, name)) for name, kind in (fields or {}).items()
+        )
+        self._numbers = {name: number for number, (name, _) in enumerate(self.fields)}
+        self.version = records.format_version(self.fields)
         self.commit_every, self.commit_bytes = commit_every, commit_bytes
         _check_destination(self.path)
         # max_spare_txns=0: set_mapsize must not run while any transaction, even a cached one, lives.
@@ -128,7 +137,7 @@ class LMDBSink:
         if raw is None:
             if entries:
                 raise FormatError(f"{self.path}: an LMDB not written by `fastloader pack`: choose another destination")
-            return records.PackProgress(self.fingerprint, 0, 0)
+            return records.PackProgress(self.fingerprint, 0, 0, version=self.version)
         progress = records.PackProgress.from_json(raw, self.path)
         if progress.fingerprint != self.fingerprint:
             raise FormatError(
@@ -147,14 +156,32 @@ class LMDBSink:
             raise ValueError(f"{self.path}: position {position} handed over after {self._next_position - 1}")
         self._next_position = position + 1
 
+    def _encode_fields(self, key: str, fields: Mapping[str, Any] | None) -> list[tuple[int, bytes]] | None:
+        """The item's fields as (field number, canonical bytes), by number; None in a pack without fields."""
+        if not self.fields:
+            if fields:
+                raise ValueError(f"{key}: fields {sorted(fields)} given to a pack without fields")
+            return None
+        encoded = []
+        for name, value in (fields or {}).items():
+            number = self._numbers.get(name)
+            if number is None:
+                raise ValueError(f"{key}: field {name!r} is not one of the pack's fields ({', '.join(self._numbers)})")
+            try:
+                encoded.append((number, encode_value(self.fields[number][1], value)))
+            except (TypeError, ValueError) as error:  # e.g. text holding lone surrogates: not UTF-8
+                raise ValueError(f"{key}: field {name!r}: {error}") from error
+        return sorted(encoded)
+
     def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
-        value = records.encode_record(label, data)  # may raise ValueError: then nothing was accepted
+        # May raise ValueError (an image or field too large, a field not in the schema): then nothing was accepted.
+        value = records.encode_record(label, data, self._encode_fields(key, fields))
         self._accept(position)
         number = self._progress.count + len(self._records)
         self._records.append((records.record_key(number), value))
         self._labels.append(label)
         self._keys.append(key)
-        self._pending_bytes += len(data)
+        self._pending_bytes += len(value)
         if len(self._records) >= self.commit_every or self._pending_bytes >= self.commit_bytes:
             self.checkpoint()
 
@@ -196,7 +223,9 @@ class LMDBSink:
         if self._next_position == self._progress.next_position:
             return
         start = self._progress.count
-        progress = records.PackProgress(self.fingerprint, self._next_position, start + len(self._records))
+        progress = records.PackProgress(
+            self.fingerprint, self._next_position, start + len(self._records), version=self.version
+        )
 
         def fill(txn: lmdb.Transaction) -> None:
             for key, value in self._records:
@@ -249,6 +278,8 @@ class LMDBSink:
                 num_skipped=num_skipped,
                 created_by=f"fastloader {__version__}",
                 pack=dict(meta),
+                fields=self.fields,
+                version=self.version,
             )
             txn.put(records.META_KEY, final.to_json())
 

@@ -7,9 +7,10 @@ For a fastloader LMDB:
    so cannot be crashed by a corrupted page the way opening it through liblmdb could. A file that
    fails it is reported and not opened.
 2. The metadata must be there (an incomplete pack or a foreign LMDB is a FormatError saying so).
-3. Every record: its header, its CRC32C (over header and image bytes), its label against the
-   labels record; record keys must run 0 .. count - 1 with no gap, and every other key must be a
-   reserved one.
+3. Every record: its header, its CRC32C (over header, image and field bytes), its label against
+   the labels record, and in a pack with fields its field table and every field, decoded as the
+   kind the metadata gives it (a problem names the record and the field); record keys must run
+   0 .. count - 1 with no gap, and every other key must be a reserved one.
 
 For tar shards written by ``fastloader pack --format tar``: the manifest must be complete, every
 sample readable and the count must match; every field member of every sample must decode as the
@@ -35,6 +36,7 @@ import lmdb
 import numpy as np
 
 from fastloader.errors import FormatError
+from fastloader.fields.values import decode_value
 from fastloader.formats import lmdb_records as records
 
 _MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record regardless
@@ -87,8 +89,10 @@ def _progress_bar(total: int, what: str, show: bool) -> Any:
 class _LMDBCheck:
     """The record checks of one LMDB, gathering problems as it goes."""
 
-    def __init__(self, path: str, txn: lmdb.Transaction, count: int, labels: np.ndarray) -> None:
-        self.path, self.txn, self.count, self.labels = path, txn, count, labels
+    def __init__(
+        self, path: str, txn: lmdb.Transaction, count: int, labels: np.ndarray, fields: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        self.path, self.txn, self.count, self.labels, self.fields = path, txn, count, labels, fields
         self.problems: list[str] = []
         self.bad: list[int] = []
         self.checked = 0
@@ -115,6 +119,25 @@ class _LMDBCheck:
             self.problem(f"record beyond the {self.count} the metadata announces", number)
         elif header.label != self.labels[number]:
             self.problem(f"label {header.label} differs from the labels record ({self.labels[number]})", number)
+        elif header.version >= records.FIELDS_RECORD_VERSION:
+            self.record_fields(number, records.fields_section(value, header))
+
+    def record_fields(self, number: int, section: memoryview) -> None:
+        """Every field of a record decodes as its kind (the checksum vouches only for the bytes written)."""
+        try:
+            found = records.parse_fields(section, "record")
+        except FormatError as error:
+            self.problem(str(error).removeprefix("record: "), number)
+            return
+        for field_number, data in found.items():
+            if field_number >= len(self.fields):
+                self.problem(f"field number {field_number} is not one of the pack's {len(self.fields)} fields", number)
+                continue
+            name, kind = self.fields[field_number]
+            try:
+                decode_value(kind, data, f"field {name!r}")
+            except FormatError as error:
+                self.problem(str(error), number)
 
     def run(self, show_progress: bool) -> None:
         expected = 0
@@ -145,7 +168,7 @@ def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
     try:
         handle = shared_handle(path)  # FormatError when incomplete, foreign or newer
         with handle.env.begin(buffers=True) as txn:
-            check = _LMDBCheck(path, txn, handle.meta.count, handle.labels)
+            check = _LMDBCheck(path, txn, handle.meta.count, handle.labels, handle.meta.fields)
             check.run(show_progress)
     except lmdb.Error as error:  # a structure the offline walk could not judge (or an older py-lmdb)
         return VerifyReport(path, "lmdb", 0, 0, (f"{path}: LMDB error while reading ({error})",))

@@ -111,8 +111,8 @@ def test_foreign_incomplete_and_newer_packs_are_refused_naming_the_path(packed, 
     with pytest.raises(FormatError, match=r"half\.lmdb: incomplete pack: run the same `fastloader pack` command"):
         LMDBDataset(incomplete)
     meta = json.loads(records.LMDBMeta(0, None, {}, 0, "fastloader 9").to_json())
-    newer = _lmdb_with(tmp_path / "new.lmdb", {records.META_KEY: json.dumps({**meta, "version": 2}).encode()})
-    with pytest.raises(FormatError, match=r"new\.lmdb: written by a newer fastloader \(format version 2"):
+    newer = _lmdb_with(tmp_path / "new.lmdb", {records.META_KEY: json.dumps({**meta, "version": 3}).encode()})
+    with pytest.raises(FormatError, match=r"new\.lmdb: written by a newer fastloader \(format version 3"):
         LMDBDataset(newer)
     (tmp_path / "plain").mkdir()
     with pytest.raises(FormatError, match="plain: not an LMDB"):
@@ -134,3 +134,30 @@ def test_batches_of_tensors_through_torchvision_style_transform(packed) -> None:
     images, labels = next(iter(loader))
     assert images.shape == (16, 3, 16, 16) and images.dtype == torch.uint8
     assert labels.tolist() == [label for _, label, _ in items[:16]]
+
+
+class Captions(torch.utils.data.Dataset):
+    """Item i: record i's image digest and its fields, read by a worker from a pickled source."""
+
+    def __init__(self, source: LMDBSource) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> tuple[str, str, str]:
+        image = hashlib.sha1(self.source.read(index)).hexdigest()
+        return image, self.source.read_field(index, "caption"), self.source.read_field(index, "source")
+
+
+def test_workers_read_the_fields_of_a_pack(tmp_path: Path) -> None:
+    items = write_image_folder(tmp_path / "images", count=12)
+    lines = [f'{key},{label},"caption of {key}, ✓",web' for key, label, _ in items]
+    (tmp_path / "images" / "list.csv").write_text("path,label,caption,source\n" + "\n".join(lines) + "\n")
+    pack(tmp_path / "images" / "list.csv", tmp_path / "captions.lmdb", workers=0, progress=False)
+    source = LMDBSource(tmp_path / "captions.lmdb")
+    assert source.read_field(5, "caption") == f"caption of {items[5][0]}, ✓"
+    assert b"caption of" not in pickle.dumps(source)  # the record read last stays in this process
+    loader = DataLoader(Captions(source), batch_size=4, num_workers=2, collate_fn=list)
+    got = [item for batch in loader for item in batch]
+    assert got == [(hashlib.sha1(data).hexdigest(), f"caption of {key}, ✓", "web") for key, _, data in items]

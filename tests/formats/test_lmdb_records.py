@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -80,11 +81,91 @@ def test_metadata_round_trips_as_json_never_pickle() -> None:
 
 def test_newer_or_foreign_metadata_is_refused_naming_the_path() -> None:
     doc = json.loads(records.LMDBMeta(1, None, {}, 0, "x").to_json())
-    with pytest.raises(FormatError, match="train.lmdb: written by a newer fastloader \\(format version 2"):
-        records.LMDBMeta.from_json(json.dumps({**doc, "version": 2}).encode(), "train.lmdb")
+    with pytest.raises(FormatError, match="train.lmdb: written by a newer fastloader \\(format version 3"):
+        records.LMDBMeta.from_json(json.dumps({**doc, "version": 3}).encode(), "train.lmdb")
     with pytest.raises(FormatError, match="train.lmdb: not a fastloader LMDB"):
         records.LMDBMeta.from_json(json.dumps({**doc, "format": "caffe"}).encode(), "train.lmdb")
     with pytest.raises(FormatError, match="train.lmdb: unreadable metadata record"):
         records.LMDBMeta.from_json(b"\x80\x04pickle", "train.lmdb")
     with pytest.raises(FormatError, match="train.lmdb: incomplete metadata record"):
         records.LMDBMeta.from_json(json.dumps({"format": "fastloader-lmdb", "version": 1}).encode(), "train.lmdb")
+
+
+def test_a_version_2_record_holds_the_fields_after_the_image_byte_for_byte() -> None:
+    fields = [(0, b"caption"), (2, b""), (7, bytes(range(256)))]
+    value = records.encode_record(4, JPEG, fields)
+    header = records.parse_header(value, "k")
+    assert (header.version, header.label, header.length) == (2, 4, len(JPEG))
+    assert records.decode_record(value, "k", verify_checksum=True) == (4, JPEG)
+    table = struct.pack("<7I", 3, 0, 2, 7, 7, 0, 256)
+    assert value[records.HEADER.size :] == JPEG + table + b"caption" + bytes(range(256))
+    section = records.fields_section(value, header)
+    assert {number: bytes(data) for number, data in records.parse_fields(section, "k").items()} == dict(fields)
+    empty = records.encode_record(4, JPEG, [])  # a pack with fields, an item without any: count 0
+    assert empty[-4:] == b"\x00" * 4 and records.parse_fields(records.fields_section(empty, header), "k") == {}
+    plain = records.encode_record(4, JPEG)  # no fields: the version 1 record, exactly as before fields
+    assert plain[3] == 1 and plain[records.HEADER.size :] == JPEG
+    assert records.parse_fields(records.fields_section(plain, records.parse_header(plain, "k")), "k") == {}
+
+
+@pytest.mark.parametrize("offset", [-1, -260, -270, -283])  # both fields, a length in the table, the count
+def test_the_checksum_covers_the_fields(offset: int) -> None:
+    value = bytearray(records.encode_record(4, JPEG, [(0, b"caption"), (1, bytes(256))]))
+    value[offset] ^= 0x01
+    with pytest.raises(FormatError, match="db\\[1\\]: checksum mismatch"):
+        records.decode_record(bytes(value), "db[1]", verify_checksum=True)
+
+
+def test_field_tables_that_do_not_describe_the_bytes_are_named() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        records.encode_record(0, JPEG, [(1, b"a"), (0, b"b")])
+    with pytest.raises(ValueError, match="increasing"):
+        records.encode_record(0, JPEG, [(1, b"a"), (1, b"b")])
+    good = struct.pack("<3I", 1, 5, 3) + b"abc"
+    assert {n: bytes(d) for n, d in records.parse_fields(good, "k").items()} == {5: b"abc"}
+    cases = {
+        good[:2]: "db\\[3\\]: a field table of 2 bytes is truncated",
+        struct.pack("<I", 10**9) + bytes(8): "db\\[3\\]: a table of 1000000000 fields does not fit",
+        good + b"x": "announces 3 bytes of fields, the record holds 4",
+        good[:-1]: "announces 3 bytes of fields, the record holds 2",
+        struct.pack("<5I", 2, 3, 3, 0, 0): "field numbers \\[3, 3\\] are not strictly increasing",
+    }
+    for section, message in cases.items():
+        with pytest.raises(FormatError, match=message):
+            records.parse_fields(section, "db[3]")
+    short = records.encode_record(0, JPEG, [])[:-1]
+    with pytest.raises(FormatError, match="cannot hold its 204 image bytes and a field table"):
+        records.parse_header(short, "db[3]")
+
+
+def test_a_reader_of_version_1_records_refuses_a_version_2_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = records.encode_record(0, JPEG, [(0, b"x")])
+    monkeypatch.setattr(records, "RECORD_VERSION", 1)  # what an older fastloader knows
+    with pytest.raises(FormatError, match="db\\[0\\]: record version 2 is newer than this fastloader reads"):
+        records.parse_header(value, "db[0]")
+    records.parse_header(records.encode_record(0, JPEG), "db[0]")
+
+
+def test_metadata_with_fields_is_format_version_2_and_plain_metadata_stays_version_1() -> None:
+    schema = (("caption", "text"), ("mask", "image"), ("boxes", "array"))
+    assert records.format_version(schema) == 2 and records.format_version(()) == records.format_version({}) == 1
+    meta = records.LMDBMeta(3, None, {}, 0, "fastloader", fields=schema, version=2)
+    doc = json.loads(meta.to_json())
+    assert doc["version"] == 2 and doc["fields"] == [["caption", "text"], ["mask", "image"], ["boxes", "array"]]
+    assert records.LMDBMeta.from_json(meta.to_json(), "db") == meta
+    plain = json.loads(records.LMDBMeta(3, None, {}, 0, "fastloader").to_json())
+    assert plain["version"] == 1 and "fields" not in plain  # byte for byte the metadata older fastloaders read
+    with pytest.raises(ValueError, match="a pack with fields is format version 2, not 1"):
+        records.LMDBMeta(3, None, {}, 0, "x", fields=schema)
+    with pytest.raises(FormatError, match="db: incomplete metadata record .*kind must be one of"):
+        records.LMDBMeta.from_json(json.dumps({**doc, "fields": [["a", "pickle"]]}).encode(), "db")
+    with pytest.raises(FormatError, match="db: incomplete metadata record .*field names repeat"):
+        records.LMDBMeta.from_json(json.dumps({**doc, "fields": [["a", "text"], ["a", "int"]]}).encode(), "db")
+
+
+def test_a_reader_of_format_version_1_refuses_a_pack_with_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = records.LMDBMeta(3, None, {}, 0, "fastloader", fields=(("caption", "text"),), version=2)
+    monkeypatch.setattr(records, "FORMAT_VERSION", 1)  # what an older fastloader knows
+    with pytest.raises(FormatError, match="train.lmdb: written by a newer fastloader \\(format version 2; this one "):
+        records.LMDBMeta.from_json(meta.to_json(), "train.lmdb")
+    records.LMDBMeta.from_json(records.LMDBMeta(3, None, {}, 0, "x").to_json(), "train.lmdb")  # plain: still read

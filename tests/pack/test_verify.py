@@ -11,7 +11,9 @@ from pathlib import Path
 import lmdb
 import pytest
 
+from fastloader.datasets.folder import FolderSource
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField
 from fastloader.formats import lmdb_records as records
 from fastloader.pack import pack
 from fastloader.pack.verify import verify
@@ -147,3 +149,98 @@ def test_members_the_manifest_does_not_record_are_found(tmp_path: Path) -> None:
     assert report.problems == (
         f"{tmp_path / 'shards'}: the shards hold '.stray' members, which the manifest does not record",
     )
+
+
+class Captioned:
+    """A folder source whose items carry a caption and a count (the even ones also a score)."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = FolderSource(root)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, index: int) -> bytes:
+        return self.inner.read(index)
+
+    def label(self, index: int) -> int:
+        return self.inner.label(index)
+
+    def key(self, index: int) -> str:
+        return self.inner.key(index)
+
+    def field_kinds(self) -> dict[str, str]:
+        return {"caption": "text", "count": "int", "score": "float"}
+
+    def read_field(self, index: int, name: str) -> object:
+        if name == "score" and index % 2:
+            raise MissingField(f"{self.key(index)}: no field 'score'")
+        return {"caption": f"caption number {index} ✓", "count": index * 7, "score": index / 3}[name]
+
+
+@pytest.fixture(scope="module")
+def with_fields(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int, bytes]]]:
+    root = tmp_path_factory.mktemp("verify-fields")
+    items = write_image_folder(root / "images", count=10)
+    pack(Captioned(root / "images"), root / "fields.lmdb", workers=0, progress=False)
+    return root / "fields.lmdb", items
+
+
+def rewrite_record(clean: Path, tmp_path: Path, number: int, fields: list[tuple[int, bytes]]) -> Path:
+    """A copy of the pack whose record ``number`` carries ``fields`` (a valid checksum: only decoding finds them)."""
+    copy = tmp_path / "rewritten.lmdb"
+    shutil.copytree(clean, copy)
+    with lmdb.open(str(copy)) as env, env.begin(write=True) as txn:
+        label, image = records.decode_record(txn.get(records.record_key(number)), "r")
+        txn.put(records.record_key(number), records.encode_record(label, image, fields))
+    return copy
+
+
+def test_a_pack_with_fields_verifies_and_a_flipped_field_byte_is_found(with_fields, tmp_path: Path) -> None:
+    path, items = with_fields
+    report = verify(path)
+    assert report.ok and report.checked == 10
+    copy = corrupted_copy(path, tmp_path, "caption number 6 ✓".encode(), 3)
+    report = verify(copy)
+    assert report.bad_records == (6,) and report.problems == (
+        f"{copy}[6] ({items[6][0]}): checksum mismatch: the record is corrupted",
+    )
+
+
+def test_a_field_that_does_not_decode_as_its_kind_is_named(with_fields, tmp_path: Path) -> None:
+    path, items = with_fields
+    copy = rewrite_record(path, tmp_path, 3, [(0, b"caf\xe9"), (1, b"12"), (2, b"one third")])
+    report = verify(copy)
+    assert report.bad_records == (3, 3) and len(report.problems) == 2
+    assert report.problems[0].startswith(f"{copy}[3] ({items[3][0]}): field 'caption': not a valid text value")
+    assert report.problems[1].startswith(f"{copy}[3] ({items[3][0]}): field 'score': not a valid float value")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ([(0, b"x"), (5, b"1")], "field number 5 is not one of the pack's 3 fields"),
+        ([(1, b"12 apples")], "field 'count': not a valid int value"),
+    ],
+)
+def test_fields_outside_the_schema_or_of_the_wrong_kind_are_found(with_fields, tmp_path, fields, message) -> None:
+    path, items = with_fields
+    report = verify(rewrite_record(path, tmp_path, 8, fields))
+    assert report.bad_records == (8,) and message in report.problems[0] and items[8][0] in report.problems[0]
+
+
+def test_a_field_table_that_does_not_describe_the_bytes_is_found(with_fields, tmp_path: Path) -> None:
+    path, _ = with_fields
+    copy = tmp_path / "table.lmdb"
+    shutil.copytree(path, copy)
+    with lmdb.open(str(copy)) as env, env.begin(write=True) as txn:
+        label, image = records.decode_record(txn.get(records.record_key(2)), "r")
+        value = records.encode_record(label, image, [(0, b"abc")])
+        header, tail = value[: records.HEADER.size + len(image)], value[records.HEADER.size + len(image) :]
+        broken = header[:20] + b"\x00" * 4 + header[24:] + tail[:-1]  # the last field byte cut off
+        checked = bytearray(broken)
+        checked[20:24] = records.record_checksum(broken).to_bytes(4, "little")
+        txn.put(records.record_key(2), bytes(checked))
+    report = verify(copy)
+    assert report.bad_records == (2,)
+    assert "the field table announces 3 bytes of fields, the record holds 2" in report.problems[0]
