@@ -18,7 +18,8 @@ import fastloader.datasets.tfrecord as tfrecord_dataset
 from fastloader.datasets.base import Source, decode_pil
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
 from fastloader.errors import FormatError
-from fastloader.formats.protobuf import bytes_feature, encode_example, float_feature, int64_feature
+from fastloader.fields.values import FieldSource, MissingField, read_fields
+from fastloader.formats.protobuf import Feature, bytes_feature, encode_example, float_feature, int64_feature
 from fastloader.formats.tfrecord import TFRecordWriter
 
 KINDS = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
@@ -198,3 +199,119 @@ def test_dataloader_with_two_workers(tmp_path: Path) -> None:
     pixels = torch.cat([images for images, _ in batches])
     for i in (0, 1, 2, 3, 4, 19):  # RGB, grayscale, CMYK, RGBA and palette images, decoded to RGB
         assert torch.equal(pixels[i], to_tensor(decode_pil(data[i])))
+
+
+# -- fields ---------------------------------------------------------------------------------------
+
+
+def test_the_other_features_are_fields_of_the_kinds_the_first_record_gives(tmp_path: Path) -> None:
+    data = images(3)
+    path = tmp_path / "fields.tfrecord"
+    write_shard(path, [imagenet_example(d, i + 1) for i, d in enumerate(data)])
+    source = TFRecordSource(path)
+    assert isinstance(source, FieldSource)
+    assert source.field_kinds() == {
+        "image/class/synset": "bytes",
+        "image/colorspace": "bytes",
+        "image/height": "array",
+        "image/object/bbox/xmin": "array",
+    }
+    assert source.field_aliases() == {"image/encoded": "image", "image/class/label": "label"}
+    reads = []
+    original = source._record
+    source._record = lambda index, shards: reads.append(index) or original(index, shards)  # type: ignore[method-assign]
+    assert source.read(2) == data[2] and source.label(2) == 3
+    assert source.read_field(2, "image/class/synset") == b"n01440764"
+    height = source.read_field(2, "image/height")
+    assert height.dtype == np.int64 and height.tolist() == [32]
+    xmin = source.read_field(2, "image/object/bbox/xmin")
+    assert xmin.dtype == np.float32 and xmin.tolist() == [np.float32(0.1), np.float32(0.2)]
+    assert reads == [2], "the image, the label and every field of one item: one read"
+    assert source.read_field(0, "image/colorspace") == b"RGB" and reads == [2, 0]
+    assert read_fields(source, 1)["image/class/synset"] == b"n01440764"
+
+
+def test_fields_missing_empty_or_of_several_values_name_the_record_and_feature(tmp_path: Path) -> None:
+    path = tmp_path / "odd.tfrecord"
+    first = {
+        "image/encoded": bytes_feature(b"img"),
+        "image/class/label": int64_feature(1),
+        "caption": bytes_feature(b"a cat"),
+        "boxes": float_feature(0.5, 0.25),
+    }
+    others = [
+        {**first, "caption": bytes_feature(b"one", b"two"), "boxes": float_feature()},  # empty list: no boxes
+        {k: v for k, v in first.items() if k != "caption"},
+        {**first, "caption": bytes_feature(), "boxes": int64_feature(3)},
+        {**first, "caption": Feature("empty", ()), "boxes": bytes_feature(b"x")},
+    ]
+    write_shard(path, [encode_example(f) for f in [first, *others]])
+    source = TFRecordSource(path)
+    assert source.field_kinds() == {"boxes": "array", "caption": "bytes"}
+    with pytest.raises(FormatError, match=r"odd\.tfrecord#1: field 'caption': holds 2 bytes values, a bytes field"):
+        source.read_field(1, "caption")
+    assert source.read_field(1, "boxes").shape == (0,) and source.read_field(1, "boxes").dtype == np.float32
+    with pytest.raises(MissingField, match=r"odd\.tfrecord#2: field 'caption': the record has no such feature"):
+        source.read_field(2, "caption")
+    with pytest.raises(MissingField, match=r"odd\.tfrecord#3: field 'caption': the bytes list is empty"):
+        source.read_field(3, "caption")
+    assert source.read_field(3, "boxes").tolist() == [3] and source.read_field(3, "boxes").dtype == np.int64
+    with pytest.raises(MissingField, match=r"odd\.tfrecord#4: field 'caption'"):
+        source.read_field(4, "caption")
+    with pytest.raises(FormatError, match=r"odd\.tfrecord#4: field 'boxes': holds a bytes list, not numbers"):
+        source.read_field(4, "boxes")
+    with pytest.raises(MissingField, match=r"odd\.tfrecord#0: no field 'image/encoded'"):
+        source.read_field(0, "image/encoded")
+    assert read_fields(source, 2) == {"boxes": pytest.approx(np.array([0.5, 0.25]))}
+
+
+def test_fields_named_with_their_kinds(tmp_path: Path) -> None:
+    path = tmp_path / "named.tfrecord"
+    example = {
+        "image/encoded": bytes_feature(b"img"),
+        "image/class/label": int64_feature(1),
+        "caption": bytes_feature("ünïcode ✓".encode()),
+        "objects": bytes_feature(b"cat", "dög".encode()),
+        "height": int64_feature(480),
+        "score": float_feature(0.5),
+        "ids": int64_feature(-(2**63), 2**63 - 1),
+    }
+    write_shard(path, [encode_example(example)])
+    kinds = {"caption": "text", "objects": "json", "height": "int", "score": "float", "ids": "array", "x": "bytes"}
+    source = TFRecordSource(path, fields=kinds)
+    assert source.field_kinds() == kinds
+    assert read_fields(source, 0) == {
+        "caption": "ünïcode ✓",
+        "objects": ["cat", "dög"],
+        "height": 480,
+        "score": 0.5,
+        "ids": pytest.approx(np.array([-(2**63), 2**63 - 1])),
+    }
+    assert source.read_field(0, "ids").tolist() == [-(2**63), 2**63 - 1]
+    with pytest.raises(MissingField, match="named.tfrecord#0: field 'x': the record has no such feature"):
+        source.read_field(0, "x")
+    wrong = TFRecordSource(path, fields={"caption": "int", "objects": "text"})
+    with pytest.raises(FormatError, match="field 'caption': holds a bytes list, a int field is read from a int64"):
+        wrong.read_field(0, "caption")
+    with pytest.raises(FormatError, match="field 'objects': holds 2 bytes values, a text field is one"):
+        wrong.read_field(0, "objects")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        TFRecordSource(path, fields={"caption": "str"})
+    with pytest.raises(ValueError, match=r"\['image/encoded'\] are the image or label, not fields"):
+        TFRecordSource(path, fields={"image/encoded": "bytes"})
+
+
+def test_examples_without_a_label(tmp_path: Path) -> None:
+    data = images(2)
+    path = tmp_path / "pairs.tfrecord"
+    write_shard(
+        path, [encode_example({"jpg": bytes_feature(d), "txt": bytes_feature(b"x%d" % i)}) for i, d in enumerate(data)]
+    )
+    source = TFRecordSource(path, image_key="jpg", label_key=None)
+    assert [source.read(1), source.label(1), source.label(0)] == [data[1], -1, -1]
+    assert source.field_kinds() == {"txt": "bytes"} and source.field_aliases() == {"jpg": "image"}
+    assert [source.read_field(i, "txt") for i in range(2)] == [b"x0", b"x1"]
+    assert TFRecordDataset(path, image_key="jpg", label_key=None, transform=lambda image: image.size)[0] == (
+        (32, 32),
+        -1,
+    )
