@@ -11,6 +11,15 @@ the images are the records with keys ``1 .. int(label[0]) - 1``, in key order; t
 them describe identities and are not items. This is what InsightFace's ``MXFaceDataset`` reads,
 and, as there, a multi-label image record's label is its first value.
 
+Multi-label records (``im2rec --pack-label``: ``flag > 0`` float32 labels after the header) carry
+their labels as the field ``labels`` (``fastloader.fields``: a float32 array, as
+:meth:`RecordIOSource.labels_of`); a single-label record lacks it. ``label(i)``, what ``fastloader
+pack`` stores, is -1 (no single class) for a multi-label record, or its first label in the
+InsightFace layout; ``RecordIODataset`` items keep their targets (the labels array). Whether a
+file has the field is told by the headers of up to ``_PROBES`` items spread over it (im2rec gives
+every record of a file the same label width): a file whose sampled items are all single-label
+has no fields.
+
 The ``.idx`` (or the scan) is turned once into a memory-mapped index beside the ``.rec`` (or in the
 cache directory): item keys, offsets, and the bytes each record spans, so that a read is one
 ``pread``. It is rebuilt when the ``.rec`` or ``.idx`` changes.
@@ -28,6 +37,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
@@ -45,6 +55,8 @@ INDEX_KIND = "recordio"
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".flindex"
 PLAIN, INSIGHTFACE = "plain", "insightface"
+LABELS_FIELD = "labels"
+_PROBES = 64  # item headers read to tell whether a file holds multi-label records
 
 
 def _stamp(path: str) -> dict[str, int]:
@@ -160,8 +172,8 @@ class RecordIOSource:
 
     ``idx_path`` defaults to the ``.idx`` beside ``rec_path`` (``train.rec`` -> ``train.idx``);
     without one the ``.rec`` is scanned once. ``read(i)`` is the encoded image; ``label(i)`` the
-    integer label (ValueError for a multi-label record outside the InsightFace layout: use
-    :meth:`labels_of`).
+    integer label (-1 for a multi-label record outside the InsightFace layout: see :meth:`labels_of`
+    and the field ``labels``).
     """
 
     def __init__(self, rec_path: str | os.PathLike[str], idx_path: str | os.PathLike[str] | None = None) -> None:
@@ -175,6 +187,7 @@ class RecordIOSource:
         self.layout: str = index.meta["layout"]
         self._length = len(index.arrays["offsets"])
         self._local = ProcessLocal(partial(_OpenRecordIO, self.rec_path, index.path))
+        self._kinds: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return self._length
@@ -207,10 +220,25 @@ class RecordIOSource:
         return header
 
     def label(self, index: int) -> int:
+        """The record's class; -1 for a multi-label record outside the InsightFace layout."""
         target = self.target(index)
-        if isinstance(target, np.ndarray):
-            raise ValueError(f"{self.key(index)}: a multi-label record ({len(target)} labels); use labels_of()")
-        return target
+        return -1 if isinstance(target, np.ndarray) else target
+
+    def field_kinds(self) -> dict[str, str]:
+        """``{"labels": "array"}`` when the file holds multi-label records, else ``{}`` (see the module docstring)."""
+        if self._kinds is None:
+            picks = np.unique(np.linspace(0, self._length - 1, min(self._length, _PROBES)).round().astype(np.int64))
+            multi = any(self.header(int(i)).flag > 0 for i in picks)
+            self._kinds = {LABELS_FIELD: "array"} if multi else {}
+        return dict(self._kinds)
+
+    def read_field(self, index: int, name: str) -> np.ndarray:
+        """The float32 labels of a multi-label record (field ``labels``); MissingField for the others."""
+        if name != LABELS_FIELD:
+            raise MissingField(f"{self.key(index)}: no field {name!r} (a RecordIO record has only {LABELS_FIELD!r})")
+        if self.header(index).flag == 0:
+            raise MissingField(f"{self.key(index)}: no field {name!r} (a single-label record)")
+        return self.labels_of(index)
 
     def labels_of(self, index: int) -> np.ndarray:
         """All labels of the record as float32: the ``flag`` labels of a multi-label record, else one."""

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from fastloader.datasets.base import Source, decode_pil
 from fastloader.datasets.recordio import RecordIODataset, RecordIOSource
 from fastloader.errors import FormatError
+from fastloader.fields.values import FieldSource, MissingField, read_fields
 from fastloader.formats.recordio import RecordIOWriter, multi_label, pack, single_label
 
 MAGIC = struct.pack("<I", 0xCED7230A)
@@ -92,11 +93,24 @@ def test_multi_label_records(tmp_path: Path) -> None:
         assert source.read(i) == data[i]
         np.testing.assert_array_equal(source.labels_of(i), labels[i])
         assert source.labels_of(i).dtype == np.float32
-    with pytest.raises(ValueError, match=r"multi\.rec#2: a multi-label record \(3 labels\)"):
-        source.label(2)
+    assert source.label(2) == -1  # no single class: what a pack stores, the labels going in the field
+    assert isinstance(source, FieldSource) and source.field_kinds() == {"labels": "array"}
+    for i in (3, 3, 1):
+        value = source.read_field(i, "labels")
+        assert value.dtype == np.float32 and value.tobytes() == labels[i].tobytes()
+    with pytest.raises(MissingField, match=r"multi\.rec#2: no field 'id'"):
+        source.read_field(2, "id")
     image, target = RecordIODataset(rec)[1]
     assert image.mode == "RGB"
     np.testing.assert_array_equal(target, labels[1])
+
+
+def test_a_single_label_file_has_no_fields(tmp_path: Path) -> None:
+    rec, _ = write_rec(tmp_path / "one", [(k, pack(single_label(k, k), b"img")) for k in range(200)])
+    source = RecordIOSource(rec)
+    assert source.field_kinds() == {} and read_fields(source, 5) == {}
+    with pytest.raises(MissingField, match=r"one\.rec#7: no field 'labels' \(a single-label record\)"):
+        source.read_field(7, "labels")
 
 
 def write_insightface(path: Path, data: list[bytes], identities: int, idx: bool) -> str:
@@ -125,6 +139,9 @@ def test_insightface_layout(tmp_path: Path, with_idx: bool) -> None:
     expected[1] = 1
     assert [source.label(i) for i in range(8)] == expected
     assert [RecordIODataset(rec)[i][1] for i in range(8)] == expected
+    assert source.field_kinds() == {"labels": "array"}  # item 1 holds two labels: the first is its class
+    assert source.read_field(1, "labels").tolist() == [1.0, 0.25] and source.read_field(1, "labels").dtype == np.float32
+    assert [sorted(read_fields(source, i)) for i in range(3)] == [[], ["labels"], []]
 
 
 def test_insightface_repeated_key_reads_the_last_record_as_mxnet_does(tmp_path: Path) -> None:
