@@ -6,8 +6,8 @@
 and every rank loads the index in milliseconds. Nothing per-sample lives in a Python object, so a
 worker touching every sample copies nothing.
 
-``FileListDataset(list_path)`` reads ``path label`` lines (or ``path,label`` rows of a ``.csv``),
-indexed and persisted the same way.
+``FileListDataset(list_path)`` reads ``path label`` lines (or rows of a ``.csv`` / ``.tsv``, whose
+other columns are text fields), indexed and persisted the same way.
 
 Differences from torchvision, all deliberate:
 
@@ -46,6 +46,7 @@ from fastloader.datasets.folder_index import (
     scan_folder,
 )
 from fastloader.errors import FormatError
+from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
 from fastloader.loader.stage_clock import timed
 
@@ -59,6 +60,7 @@ class _Entries:
     keys: np.ndarray
     key_offsets: np.ndarray
     labels: np.ndarray
+    fields: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # a file list's text columns: (blob, offsets) each
 
 
 def _open_entries(index_path: str, kind: str, samples_digest: str) -> _Entries:
@@ -70,7 +72,11 @@ def _open_entries(index_path: str, kind: str, samples_digest: str) -> _Entries:
             f"{index_path}: the folder changed and its index was rebuilt after this dataset was made; make it again"
         )
     arrays = index.arrays
-    return _Entries(np.asarray(arrays["keys"]), np.asarray(arrays["key_offsets"]), np.asarray(arrays["labels"]))
+    fields = tuple(
+        (np.asarray(arrays[f"field{number}"]), np.asarray(arrays[f"field{number}_offsets"]))
+        for number in range(len(IndexMeta.of(index).fields))
+    )
+    return _Entries(np.asarray(arrays["keys"]), np.asarray(arrays["key_offsets"]), np.asarray(arrays["labels"]), fields)
 
 
 class _IndexedFiles:
@@ -157,11 +163,25 @@ class FolderSource(_IndexedFiles):
 
 
 class FileListSource(_IndexedFiles):
-    """The images a list file names: ``path label`` lines, or ``path,label`` rows of a ``*.csv``.
+    """The images a list file names, with their labels and text fields.
 
-    Relative paths are joined to ``root`` (default: the list file's directory). ``classes``, when
-    given, names the integer labels (each must be a valid position in it). Missing image files are
-    reported when read, naming the path; the list is not checked file by file at construction.
+    * ``*.txt`` (any name but the two below): ``path label`` lines, the label the last word, the
+      path everything before it (spaces included). No other columns.
+    * ``*.csv`` (commas, quoted as Excel does) and ``*.tsv`` (tabs, no quoting: a cell is what lies
+      between two tabs): ``path,label`` rows, or any columns under a header row, told from data by
+      its second cell not being an integer. Under a header the path is the column named ``path``
+      and the label the column named ``label`` (none: every label is -1, for image-text lists),
+      or, when no column is named ``path``, the first two columns; every other column is a *text
+      field* named by its header (``fastloader.fields``; no column may be named ``image``, and
+      ``label`` is the label). Cells are kept exactly as written, spaces included, and an empty
+      cell is the empty text ``""``, not a missing field. A cell that is not UTF-8 fails when read,
+      naming the item and field. Without a header, rows must have exactly two cells.
+
+    Text fields live in the memory-mapped index, one bytes blob and offsets per column: no
+    per-sample Python objects. Relative paths are joined to ``root`` (default: the list file's
+    directory). ``classes``, when given, names the integer labels (each must be a valid position in
+    it). Missing image files are reported when read, naming the path; the list is not checked file
+    by file at construction.
     """
 
     def __init__(
@@ -191,7 +211,33 @@ class FileListSource(_IndexedFiles):
                     f"{self.list_path}: labels run from {low} to {high}, outside the {len(self.classes)} classes given"
                 )
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        meta = IndexMeta.of(index)
+        self.fields: tuple[str, ...] = meta.fields
+        self._label_column = meta.label_column
+        self._field_numbers = {name: number for number, name in enumerate(self.fields)}
         self._attach(index, LIST_KIND)
+
+    def field_kinds(self) -> dict[str, str]:
+        """The list's text columns (``{}`` for ``path label`` lines)."""
+        return dict.fromkeys(self.fields, "text")
+
+    def field_aliases(self) -> dict[str, str]:
+        """The header's name of the label column."""
+        return {} if self._label_column is None else {self._label_column: "label"}
+
+    def read_field(self, index: int, name: str) -> str:
+        """Item ``index``'s cell in the column ``name``."""
+        index = check_index(index, self._length)
+        number = self._field_numbers.get(name)
+        if number is None:
+            known = ", ".join(self.fields) or "none"
+            raise MissingField(f"{self.key(index)}: no field {name!r} (the list's text columns: {known})")
+        blob, offsets = self._entries.get().fields[number]
+        data = blob[int(offsets[index]) : int(offsets[index + 1])].tobytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise FormatError(f"{self.key(index)}: field {name!r}: not UTF-8 text ({error})") from None
 
 
 class SampleView(Sequence[tuple[str, int]]):

@@ -16,7 +16,8 @@ import pytest
 from fastloader.datasets.folder import FileListSource, FolderSource
 from fastloader.datasets.folder_index import FOLDER_KIND, FORMAT_VERSION, IndexMeta
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import read_index
+from fastloader.fields.values import MissingField, read_fields
+from fastloader.formats.index_file import read_index, write_index
 
 
 def make_tree(root: Path, layout: dict[str, int]) -> Path:
@@ -242,3 +243,121 @@ def test_file_list_labels_must_fit_the_classes(tmp_path: Path) -> None:
         FileListSource(listing, classes=["x", "y"])
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         FileListSource(tmp_path / "missing.txt")
+
+
+# -- file lists with text columns -----------------------------------------------------------------
+
+
+def texts(source: FileListSource, name: str) -> list[str]:
+    return [source.read_field(i, name) for i in range(len(source))]
+
+
+def test_csv_columns_under_a_header_are_text_fields_kept_exactly(tmp_path: Path) -> None:
+    listing = tmp_path / "captions.csv"
+    rows = [
+        "path,label,caption,meta\n",
+        'a.jpg,0,a plain caption,{"w": 3}\n',
+        'b.jpg,1," a caption, with a comma and ""quotes""\nover two lines ",\n',  # an empty cell: ""
+        "c d.jpg, 2 ,ünïcode ✓ 🐱,x\r\n",
+    ]
+    listing.write_bytes("".join(rows).encode("utf-8"))
+    source = FileListSource(listing)
+    assert source.fields == ("caption", "meta") and source.field_kinds() == {"caption": "text", "meta": "text"}
+    assert [source.key(i) for i in range(3)] == ["a.jpg", "b.jpg", "c d.jpg"] and source.labels().tolist() == [0, 1, 2]
+    assert texts(source, "caption") == [
+        "a plain caption",
+        ' a caption, with a comma and "quotes"\nover two lines ',
+        "ünïcode ✓ 🐱",
+    ]
+    assert texts(source, "meta") == ['{"w": 3}', "", "x"]
+    assert read_fields(source, 1) == {"caption": texts(source, "caption")[1], "meta": ""}
+    assert source.field_aliases() == {"label": "label"}
+    with pytest.raises(MissingField, match=r"c d\.jpg: no field 'path' \(the list's text columns: caption, meta\)"):
+        source.read_field(2, "path")
+    index = read_index(source.index_path, "filelist", FORMAT_VERSION)
+    assert index.arrays["field0"].dtype == np.uint8 and index.arrays["field0_offsets"].tolist()[0] == 0
+
+
+def test_tsv_columns_named_path_and_label_anywhere_and_lists_without_labels(tmp_path: Path) -> None:
+    named = tmp_path / "named.tsv"
+    named.write_text('caption\tclass\tpath\tlabel\n"quoted" as is\tcat\timgs/1.jpg\t4\n\tdog\timgs/2.jpg\t5\n')
+    source = FileListSource(named)
+    assert source.fields == ("caption", "class") and [source.key(i) for i in range(2)] == ["imgs/1.jpg", "imgs/2.jpg"]
+    assert source.labels().tolist() == [4, 5] and texts(source, "caption") == ['"quoted" as is', ""]
+    assert texts(source, "class") == ["cat", "dog"]
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("caption,path\na cat,1.jpg\na dog,2.jpg\n")
+    unlabelled = FileListSource(pairs)
+    assert unlabelled.labels().tolist() == [-1, -1] and texts(unlabelled, "caption") == ["a cat", "a dog"]
+    assert unlabelled.field_aliases() == {}
+    positional = tmp_path / "positional.csv"
+    positional.write_text("file,class,note\n1.jpg,3,n\n")
+    first_two = FileListSource(positional)
+    assert first_two.key(0) == "1.jpg" and first_two.label(0) == 3 and first_two.fields == ("note",)
+    assert first_two.field_aliases() == {"class": "label"}
+    plain = tmp_path / "plain.tsv"
+    plain.write_text("a b.jpg\t1\nc.jpg\t2\n")
+    assert FileListSource(plain).field_kinds() == {} and FileListSource(plain).key(0) == "a b.jpg"
+    txt = tmp_path / "plain.txt"
+    txt.write_text("a b.jpg 1\n")
+    assert FileListSource(txt).field_kinds() == {} and FileListSource(txt).key(0) == "a b.jpg"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.csv", "a.jpg,1,extra\n", r"bad.csv, line 1: expected 2 fields 'path,label' \(more columns need a header"),
+        (
+            "bad.csv",
+            "path,label,caption\na.jpg,1\n",
+            r"bad.csv, line 2: expected 3 fields \(path,label,caption\), got 2",
+        ),
+        ("bad.tsv", "path\tlabel\tx\tx\n", r"bad.tsv, line 1: the header row must name every column once"),
+        ("bad.csv", "path,label,,x\n", r"bad.csv, line 1: the header row must name every column once"),
+        ("bad.csv", "path,image\na.jpg,b\n", r"bad.csv, line 1: a column named 'image' cannot be a field"),
+        ("bad.csv", "name\na.jpg\n", r"bad.csv, line 1: a header row names a 'path' column or at least two"),
+    ],
+)
+def test_malformed_tables_name_the_file_and_line(tmp_path: Path, name: str, text: str, message: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(FormatError, match=message):
+        FileListSource(tmp_path / name)
+
+
+def test_a_cell_that_is_not_utf8_fails_when_read_naming_item_and_field(tmp_path: Path) -> None:
+    listing = tmp_path / "latin.csv"
+    listing.write_bytes(b"path,label,caption\nd\xe9j\xe0.jpg,0,caf\xe9\nok.jpg,1,fine\n")
+    source = FileListSource(listing)
+    assert source.key(0) == "d\udce9j\udce0.jpg" and source.read_field(1, "caption") == "fine"
+    with pytest.raises(FormatError, match=r"d.j.\.jpg: field 'caption': not UTF-8 text"):
+        source.read_field(0, "caption")
+
+
+def test_an_index_of_the_first_list_format_is_rebuilt(tmp_path: Path) -> None:
+    listing = tmp_path / "old.csv"
+    listing.write_text("path,label,caption\na.jpg,0,hello\n")
+    os.utime(listing, (time.time() - 60,) * 2)
+    source = FileListSource(listing)
+    index = read_index(source.index_path, "filelist", FORMAT_VERSION)
+    old_meta = {**index.meta, "settings": "list-format:1"}
+    del old_meta["fields"], old_meta["label_column"]  # as the first format wrote it: paths and labels only
+    old_arrays = {name: array for name, array in index.arrays.items() if not name.startswith("field")}
+    write_index(source.index_path, "filelist", FORMAT_VERSION, old_meta, old_arrays)
+    assert IndexMeta.of(read_index(source.index_path, "filelist", FORMAT_VERSION)).fields == ()
+    again = FileListSource(listing)
+    assert again.fields == ("caption",) and again.read_field(0, "caption") == "hello"
+    assert IndexMeta.of(read_index(source.index_path, "filelist", FORMAT_VERSION)).settings == "list-format:2"
+
+
+def test_workers_read_text_fields_from_the_mapped_index(tmp_path: Path) -> None:
+    listing = tmp_path / "many.csv"
+    listing.write_text("path,label,caption\n" + "".join(f"{i}.jpg,{i % 3},caption {i}\n" for i in range(100)))
+    source = FileListSource(listing)
+    blob = pickle.dumps(source)
+    assert len(blob) < 2000 and b"caption 5" not in blob  # the index stays on disk
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_caption, (blob, 57)) == "caption 57"
+
+
+def _caption(blob: bytes, index: int) -> Any:
+    return pickle.loads(blob).read_field(index, "caption")
