@@ -21,8 +21,8 @@ opens it). Its main database holds two kinds of keys:
   see ``fastloader.fields``) goes on with the item's fields, little-endian::
 
       size     field
-        4      k: the number of fields the item carries (0 .. the pack's field count)
-        4 * k  each field's number: its position in the metadata's ``fields``, strictly increasing
+        4      k: the number of fields the item carries, uint32 (0 .. the pack's field count)
+        4 * k  each field's number, uint32: its position in the metadata's ``fields``, strictly increasing
         4 * k  each field's length in bytes, uint32
         ...    each field's canonical bytes (``fastloader.fields.values.encode_value`` of its kind),
                in table order, back to back: they end exactly where the value ends
