@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -46,6 +46,7 @@ from fastloader.datasets.folder_index import (
     scan_folder,
 )
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
 from fastloader.loader.stage_clock import timed
@@ -349,6 +350,9 @@ class FileListDataset(_PathDataset):
     """``(image, label)`` for each entry of a list file (see :class:`FileListSource`).
 
     ``loader``: None decodes the file's bytes to RGB; a callable is called as ``loader(path)``.
+    ``fields``: samples with more than a label, the text columns of a ``.csv`` / ``.tsv`` by their
+    header names (``fields=("image", "caption")``: tuple items; a mapping: dict items; see
+    ``fastloader.fields``).
     """
 
     source: FileListSource
@@ -364,9 +368,10 @@ class FileListDataset(_PathDataset):
         loader: Callable[[str], Any] | None = None,
         index_path: PathLike | None = None,
         rebuild: bool = False,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source = FileListSource(list_path, root, classes=classes, index_path=index_path, rebuild=rebuild)
-        super().__init__(source, transform, target_transform)
+        super().__init__(source, transform, target_transform, fields=fields)
         self.root = source.root
         self.loader = loader  # called as loader(path); None: decode the file's bytes
         self.classes = source.classes

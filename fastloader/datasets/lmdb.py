@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value
 from fastloader.formats import lmdb_records as records
 
@@ -269,6 +270,9 @@ class LMDBDataset(ImageDataset[Any]):
 
     A drop-in for ``torchvision.datasets.ImageFolder`` over a packed folder: RGB ``PIL.Image``
     by default, ``classes`` and ``class_to_idx`` as the folder had them.
+
+    ``fields``: samples with more than a label, from a pack with fields (``fields=("image",
+    "caption", "label")``: tuple items; a mapping: dict items; see ``fastloader.fields``).
     """
 
     def __init__(
@@ -279,9 +283,10 @@ class LMDBDataset(ImageDataset[Any]):
         decode: Callable[[bytes, str], Any] = decode_pil,
         *,
         verify_checksums: bool = False,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source = LMDBSource(path, verify_checksums=verify_checksums)
-        super().__init__(source, transform, target_transform, decode)
+        super().__init__(source, transform, target_transform, decode, fields=fields)
         self.path = source.path
         self.classes = source.classes
         self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

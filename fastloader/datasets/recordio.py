@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -37,6 +37,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
 from fastloader.formats.recordio import (
@@ -265,7 +266,8 @@ class RecordIODataset(ImageDataset[Any]):
 
     ``label`` is an int, or a float32 array for a multi-label record (see
     :meth:`RecordIOSource.target`). ``decode`` turns encoded bytes into an image (default: RGB
-    ``PIL.Image``), so torchvision transforms work unchanged.
+    ``PIL.Image``), so torchvision transforms work unchanged. ``fields``: samples with more than a
+    label (``fields=("image", "labels")``: the multi-label vector; see ``fastloader.fields``).
     """
 
     def __init__(
@@ -276,5 +278,6 @@ class RecordIODataset(ImageDataset[Any]):
         target_transform: Callable[[Any], Any] | None = None,
         *,
         decode: Callable[[bytes, str], Any] = decode_pil,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
-        super().__init__(RecordIOSource(rec_path, idx_path), transform, target_transform, decode)
+        super().__init__(RecordIOSource(rec_path, idx_path), transform, target_transform, decode, fields=fields)

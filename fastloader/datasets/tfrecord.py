@@ -7,11 +7,11 @@ write them; both names are configurable. The label is returned as stored (those 
 1..1000, keeping 0 for "background"). ``label_key=None`` reads Examples without a label (image and
 text pairs, say): every label is -1.
 
-Every other feature is a *field* (``fastloader.fields``), by its name. Unless ``fields`` names
+Every other feature is a *field* (``fastloader.fields``), by its name. Unless ``field_kinds`` names
 them and their kinds, the fields are the features of the first record (item 0), each of the kind
 its list decides: a bytes list is ``bytes`` (its one value), an int64 list an int64 ``array``, a
 float list a float32 ``array`` (its values, of any length, zero included); a feature with no list
-set is left out. ``fields={"image/object/class/text": "json", "image/height": "int", ...}`` reads
+set is left out. ``field_kinds={"image/object/class/text": "json", "image/height": "int", ...}`` reads
 exactly those features as those kinds instead: ``bytes``/``image`` (the one value of a bytes list),
 ``text`` (that value as UTF-8), ``int``/``float`` (the one value of a numeric list), ``array``
 (a numeric list) or ``json`` (any list as a JSON list; a bytes list's values as UTF-8 strings).
@@ -20,7 +20,7 @@ A record whose feature lacks a value (an empty list where one value is wanted, o
 lacks the field (:class:`~fastloader.fields.values.MissingField`). A list of several values where
 one is wanted is a FormatError naming the record and feature: a list of bytes is no field kind,
 so a multi-valued bytes feature (``image/object/class/text`` of a detection dataset) is read as
-``json`` (``fields=...``) or not at all.
+``json`` (``field_kinds=...``) or not at all.
 
 Items are numbered through the shards in pattern order (braces, then sorted globs): item ``i`` is
 record ``i - starts[f]`` of shard ``f``, found with ``np.searchsorted`` over the cumulative record
@@ -40,6 +40,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.errors import FormatError
+from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, check_kind
 from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
@@ -88,8 +89,8 @@ class TFRecordSource:
 
     ``pattern``: a path, ``train-{00000..01023}.tfrecord``, ``train-*.tfrecord`` or a list.
     ``index_paths``: where each shard's index lives (default: beside it, or in the cache directory).
-    ``label_key=None``: Examples without a label (every label is -1). ``fields``: the features to
-    read as fields and their kinds (default: those of the first record).
+    ``label_key=None``: Examples without a label (every label is -1). ``field_kinds``: the features
+    to read as fields and their kinds (default: those of the first record).
     A record without the image or label feature raises FormatError naming the file and record.
     """
 
@@ -100,7 +101,7 @@ class TFRecordSource:
         image_key: str = "image/encoded",
         label_key: str | None = "image/class/label",
         index_paths: Sequence[str | os.PathLike[str]] | None = None,
-        fields: Mapping[str, str] | None = None,
+        field_kinds: Mapping[str, str] | None = None,
     ) -> None:
         self.paths = expand_pattern(pattern)
         if index_paths is None:
@@ -112,11 +113,11 @@ class TFRecordSource:
         self.image_key, self.label_key = image_key, label_key
         self._wanted = (image_key,) if label_key is None else (image_key, label_key)
         self._fields: dict[str, str] | None = None
-        if fields is not None:
-            self._fields = {name: check_kind(kind, name) for name, kind in fields.items()}
+        if field_kinds is not None:
+            self._fields = {name: check_kind(kind, name) for name, kind in field_kinds.items()}
             taken = set(self._fields) & set(self._wanted)
             if taken:
-                raise ValueError(f"fields: {sorted(taken)} are the image or label, not fields")
+                raise ValueError(f"field_kinds: {sorted(taken)} are the image or label, not fields")
         counts = [len(load_index(p, ip).arrays["offsets"]) for p, ip in zip(self.paths, self.index_paths)]
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self._local = ProcessLocal(partial(_OpenShards, self.paths, self.index_paths))
@@ -223,7 +224,7 @@ class TFRecordSource:
         return features
 
 
-# The kind of a field by the list its feature holds in the first record, unless ``fields`` says.
+# The kind of a field by the list its feature holds in the first record, unless ``field_kinds`` says.
 _DEFAULT_KINDS = {"bytes": "bytes", "int64": "array", "float": "array"}
 _NUMERIC_DTYPES: dict[str, np.dtype[Any]] = {"int64": np.dtype(np.int64), "float": np.dtype(np.float32)}
 
@@ -250,7 +251,7 @@ def _field_value(feature: Feature, kind: str, where: str) -> Any:
     if len(values) > 1:
         raise FormatError(
             f"{where}: holds {len(values)} {feature.kind} values, a {kind} field is one "
-            "(a list of several is read as json or array: see TFRecordSource's fields)"
+            "(a list of several is read as json or array: see TFRecordSource's field_kinds)"
         )
     value = values[0]
     if kind == "text":
@@ -279,9 +280,11 @@ def _feature(features: dict[str, Feature], name: str, kind: str, where: str, dat
 class TFRecordDataset(ImageDataset[Any]):
     """``(transform(image), target_transform(label))`` for each Example in TFRecord shards.
 
-    Keyword arguments ``image_key``, ``label_key`` and ``index_paths`` are those of
+    Keyword arguments ``image_key``, ``label_key``, ``index_paths`` and ``field_kinds`` are those of
     :class:`TFRecordSource`; ``decode`` turns encoded bytes into an image (default: RGB
-    ``PIL.Image``), so torchvision transforms work unchanged.
+    ``PIL.Image``), so torchvision transforms work unchanged. ``fields``: samples with more than a
+    label, by feature name (``fields=("image", "image/class/text", "label")``: tuple items; a
+    mapping: dict items; see ``fastloader.fields``).
     """
 
     def __init__(
@@ -294,6 +297,10 @@ class TFRecordDataset(ImageDataset[Any]):
         label_key: str | None = "image/class/label",
         index_paths: Sequence[str | os.PathLike[str]] | None = None,
         decode: Callable[[bytes, str], Any] = decode_pil,
+        field_kinds: Mapping[str, str] | None = None,
+        fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
-        source = TFRecordSource(pattern, image_key=image_key, label_key=label_key, index_paths=index_paths)
-        super().__init__(source, transform, target_transform, decode)
+        source = TFRecordSource(
+            pattern, image_key=image_key, label_key=label_key, index_paths=index_paths, field_kinds=field_kinds
+        )
+        super().__init__(source, transform, target_transform, decode, fields=fields)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastloader.datasets.folder import FileListSource, FolderSource
+from fastloader.datasets.folder import FileListDataset, FileListSource, FolderSource
 from fastloader.datasets.folder_index import FOLDER_KIND, FORMAT_VERSION, IndexMeta
 from fastloader.errors import FormatError
 from fastloader.fields.values import MissingField, read_fields
@@ -272,6 +272,7 @@ def test_csv_columns_under_a_header_are_text_fields_kept_exactly(tmp_path: Path)
     assert texts(source, "meta") == ['{"w": 3}', "", "x"]
     assert read_fields(source, 1) == {"caption": texts(source, "caption")[1], "meta": ""}
     assert source.field_aliases() == {"label": "label"}
+    assert FileListDataset(listing, fields={"c": "caption", "y": "label"})[2] == {"c": "ünïcode ✓ 🐱", "y": 2}
     with pytest.raises(MissingField, match=r"c d\.jpg: no field 'path' \(the list's text columns: caption, meta\)"):
         source.read_field(2, "path")
     index = read_index(source.index_path, "filelist", FORMAT_VERSION)

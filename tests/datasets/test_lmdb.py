@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.lmdb import LMDBDataset, LMDBSource
 from fastloader.errors import FormatError
 from fastloader.formats import lmdb_records as records
@@ -161,3 +162,24 @@ def test_workers_read_the_fields_of_a_pack(tmp_path: Path) -> None:
     loader = DataLoader(Captions(source), batch_size=4, num_workers=2, collate_fn=list)
     got = [item for batch in loader for item in batch]
     assert got == [(hashlib.sha1(data).hexdigest(), f"caption of {key}, ✓", "web") for key, _, data in items]
+
+
+def test_a_packed_detection_dataset_gives_the_samples_its_source_gives(tmp_path: Path) -> None:
+    from fastloader import transforms as T
+    from fastloader.fields.specs import Boxes, Mask
+    from tests.fields.scenes import SceneSource
+
+    pack(SceneSource(8), tmp_path / "scenes.lmdb", workers=0, progress=False)
+    boxes = Boxes("json", path="annotations.*.bbox", format="xywh", labels="annotations.*.category_id")
+    spec = {"image": "image", "mask": Mask("seg.png"), "target": boxes, "caption": "txt", "label": "label"}
+    fused = T.Compose([T.Resize(40), T.CenterCrop(32)])
+    packed = LMDBDataset(tmp_path / "scenes.lmdb", transform=fused, fields=spec)
+    original = ImageDataset(SceneSource(8), transform=fused, fields=spec)
+    for index in (0, 5):
+        got, expected = packed[index], original[index]
+        assert sorted(got) == sorted(expected) == ["caption", "image", "label", "mask", "target"]
+        assert torch.equal(got["image"], expected["image"]) and torch.equal(got["mask"], expected["mask"])
+        assert got["caption"] == expected["caption"] and got["label"] == expected["label"]
+        assert sorted(got["target"]) == ["boxes", "labels"] and len(got["target"]["boxes"]) > 0
+        for name in ("boxes", "labels"):
+            assert torch.equal(got["target"][name], expected["target"][name])

@@ -103,6 +103,8 @@ def test_multi_label_records(tmp_path: Path) -> None:
     image, target = RecordIODataset(rec)[1]
     assert image.mode == "RGB"
     np.testing.assert_array_equal(target, labels[1])
+    (vector,) = RecordIODataset(rec, fields=("labels",))[4]
+    assert vector.tobytes() == labels[4].tobytes()
 
 
 def test_a_single_label_file_has_no_fields(tmp_path: Path) -> None:

@@ -278,7 +278,7 @@ def test_fields_named_with_their_kinds(tmp_path: Path) -> None:
     }
     write_shard(path, [encode_example(example)])
     kinds = {"caption": "text", "objects": "json", "height": "int", "score": "float", "ids": "array", "x": "bytes"}
-    source = TFRecordSource(path, fields=kinds)
+    source = TFRecordSource(path, field_kinds=kinds)
     assert source.field_kinds() == kinds
     assert read_fields(source, 0) == {
         "caption": "ünïcode ✓",
@@ -290,15 +290,15 @@ def test_fields_named_with_their_kinds(tmp_path: Path) -> None:
     assert source.read_field(0, "ids").tolist() == [-(2**63), 2**63 - 1]
     with pytest.raises(MissingField, match="named.tfrecord#0: field 'x': the record has no such feature"):
         source.read_field(0, "x")
-    wrong = TFRecordSource(path, fields={"caption": "int", "objects": "text"})
+    wrong = TFRecordSource(path, field_kinds={"caption": "int", "objects": "text"})
     with pytest.raises(FormatError, match="field 'caption': holds a bytes list, a int field is read from a int64"):
         wrong.read_field(0, "caption")
     with pytest.raises(FormatError, match="field 'objects': holds 2 bytes values, a text field is one"):
         wrong.read_field(0, "objects")
     with pytest.raises(ValueError, match="kind must be one of"):
-        TFRecordSource(path, fields={"caption": "str"})
+        TFRecordSource(path, field_kinds={"caption": "str"})
     with pytest.raises(ValueError, match=r"\['image/encoded'\] are the image or label, not fields"):
-        TFRecordSource(path, fields={"image/encoded": "bytes"})
+        TFRecordSource(path, field_kinds={"image/encoded": "bytes"})
 
 
 def test_examples_without_a_label(tmp_path: Path) -> None:
@@ -311,6 +311,8 @@ def test_examples_without_a_label(tmp_path: Path) -> None:
     assert [source.read(1), source.label(1), source.label(0)] == [data[1], -1, -1]
     assert source.field_kinds() == {"txt": "bytes"} and source.field_aliases() == {"jpg": "image"}
     assert [source.read_field(i, "txt") for i in range(2)] == [b"x0", b"x1"]
+    dataset = TFRecordDataset(path, image_key="jpg", label_key=None, fields={"caption": "txt", "y": "label"})
+    assert dataset[1] == {"caption": b"x1", "y": -1}
     assert TFRecordDataset(path, image_key="jpg", label_key=None, transform=lambda image: image.size)[0] == (
         (32, 32),
         -1,

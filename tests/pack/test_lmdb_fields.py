@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from fastloader.formats.recordio import pack as pack_record
 from fastloader.formats.tfrecord import TFRecordWriter
 from fastloader.pack.engine import pack
 from fastloader.pack.verify import verify
+from tests.field_items import FieldItems, assert_same_value
 from tests.images import image_bytes, packed_items, write_image_folder
 
 
@@ -110,17 +110,6 @@ class AllKinds:
         return values[name]
 
 
-def assert_same_value(kind: str, got: Any, expected: Any, where: str) -> None:
-    """Exactly equal: bytes and text byte for byte, numbers bit for bit, arrays in dtype, shape and bytes."""
-    if kind == "array":
-        assert isinstance(got, np.ndarray), where
-        assert (got.dtype, got.shape, got.tobytes()) == (expected.dtype, expected.shape, expected.tobytes()), where
-    elif kind == "float":
-        assert type(got) is float and struct.pack("<d", got) == struct.pack("<d", expected), where
-    else:
-        assert type(got) is type(expected) and got == expected, where
-
-
 def assert_same_fields(packed: Any, source: Any) -> None:
     kinds = field_kinds(source)
     assert field_kinds(packed) == kinds
@@ -128,7 +117,7 @@ def assert_same_fields(packed: Any, source: Any) -> None:
         got, expected = read_fields(packed, index), read_fields(source, index)
         assert sorted(got) == sorted(expected), index
         for name, value in expected.items():
-            assert_same_value(kinds[name], got[name], value, f"item {index}, field {name}")
+            assert_same_value(got[name], value, f"item {index}, field {name}")
 
 
 @pytest.fixture(scope="module")
@@ -150,22 +139,9 @@ def test_every_kind_of_field_round_trips_exactly(all_kinds: Path) -> None:
     assert verify(all_kinds).ok
 
 
-class NativeKinds(AllKinds):
-    """AllKinds without its big-endian array: numpy pickles (protocol 4, as process pools do) an array
-    of non-native byte order as a native one, so from a reader process it reaches the sink
-    little-endian: equal numbers, another ``.npy``."""
-
-    def field_kinds(self) -> dict[str, str]:
-        return {name: kind for name, kind in KINDS.items() if name != "big_endian"}
-
-
-def test_readers_in_processes_pack_the_same_file(tmp_path: Path) -> None:
-    pack(NativeKinds(), tmp_path / "serial.lmdb", workers=0, progress=False, commit_every=5)
-    pack(NativeKinds(), tmp_path / "parallel.lmdb", workers=2, progress=False, commit_every=5)
-    assert (tmp_path / "parallel.lmdb" / "data.mdb").read_bytes() == (
-        tmp_path / "serial.lmdb" / "data.mdb"
-    ).read_bytes()
-    assert_same_fields(LMDBSource(tmp_path / "parallel.lmdb"), NativeKinds())
+def test_readers_in_processes_pack_the_same_file(all_kinds: Path, tmp_path: Path) -> None:
+    pack(AllKinds(), tmp_path / "parallel.lmdb", workers=2, progress=False, commit_every=5)
+    assert (tmp_path / "parallel.lmdb" / "data.mdb").read_bytes() == (all_kinds / "data.mdb").read_bytes()
 
 
 def test_the_pack_is_format_version_2_with_its_schema_and_version_2_records(all_kinds: Path) -> None:
@@ -268,6 +244,19 @@ def test_a_field_that_does_not_decode_is_skipped_when_packed_naming_the_item(tmp
         ),
     ]
     assert len(LMDBSource(tmp_path / "bad.lmdb")) == 2 and verify(tmp_path / "bad.lmdb").ok
+
+
+@pytest.mark.parametrize("through", ["tar", "parquet"])
+def test_fields_survive_lmdb_to_another_format_and_back(through: str, tmp_path: Path) -> None:
+    pack(FieldItems(), tmp_path / "first.lmdb", workers=0, progress=False)
+    assert_same_fields(LMDBSource(tmp_path / "first.lmdb"), FieldItems())
+    pack(tmp_path / "first.lmdb", tmp_path / through, format=through, shard_size=5, workers=0, progress=False)
+    assert verify(tmp_path / through).ok
+    pack(tmp_path / through, tmp_path / "back.lmdb", src_format=through, workers=0, progress=False)
+    back = LMDBSource(tmp_path / "back.lmdb")
+    assert_same_fields(back, FieldItems())
+    assert [back.read(i) for i in range(12)] == [image_bytes(i) for i in range(12)]
+    assert back.labels().tolist() == [i % 3 for i in range(12)]
 
 
 # -- from the formats that carry fields -----------------------------------------------------------
