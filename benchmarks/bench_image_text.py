@@ -6,7 +6,7 @@ RandomResizedCrop(224) + RandomHorizontalFlip on the image, the caption as a str
 same ``num_workers`` for every loader; no training step (the loader's own rate).
 
 Loaders, measured A B A B in one run, medians reported:
-- webdataset + torch DataLoader, as its README trains CLIP: ``WebDataset(shards, shardshuffle=True)
+- webdataset + torch DataLoader, as its README trains CLIP: ``WebDataset(shards, shardshuffle=100)
   .shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(transform, identity)``, with
   ToTensor + Normalize (float, as open_clip does) and with PILToTensor (uint8);
 - fastloader: ``TarShardDataset(shards, fields=("jpg", "txt"))`` + ``ShardWindowSampler`` +
@@ -67,7 +67,7 @@ def loaders(args: argparse.Namespace, shards: list[str]) -> dict[str, Callable[[
     def webdataset(transform: Any) -> Callable[[], Any]:
         def make() -> Any:
             pipeline = (
-                wds.WebDataset(shards, shardshuffle=True, empty_check=False)
+                wds.WebDataset(shards, shardshuffle=100, empty_check=False)
                 .shuffle(1000)
                 .decode("pil")
                 .to_tuple("jpg", "txt")

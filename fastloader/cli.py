@@ -3,6 +3,7 @@
     fastloader info                 what is active: torch, CUDA, PIL flavour, libjpeg, CPUs
     fastloader pack SRC DST         pack images into an LMDB, tar shards or Parquet files (resumable)
     fastloader verify DST           check every record of a pack
+    fastloader fields SRC           what the samples carry besides the image and label (for fields=)
     fastloader scan SRC             decode every image of a dataset and list the bad ones
     fastloader doctor PATH          where the time goes on your data: the slowest stage, and what to do
     fastloader bench PATH           torch's DataLoader against DataLoaderX on your data, as a ratio
@@ -93,6 +94,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(report.format_text(limit=args.show))
     return 0 if report.ok else 1
+
+
+def _cmd_fields(args: argparse.Namespace) -> int:
+    from fastloader.fields.listing import describe, format_text
+    from fastloader.pack.engine import open_source
+
+    source, _ = open_source(args.src, args.src_format, root=args.root)
+    report = describe(source, args.items)
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
+    return 0
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
@@ -318,6 +329,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(run=_cmd_verify)
+    fields = commands.add_parser(
+        "fields",
+        help="list what the samples carry besides the image and label",
+        description="List the fields of SRC (any format pack reads), their kinds, and the first items' values:"
+        " the names to pass as fields=(...) to its dataset.",
+    )
+    fields.add_argument("src", metavar="SRC", help="a dataset: tar shards, TFRecord, Parquet, an LMDB, a list, ...")
+    fields.add_argument("--items", type=_non_negative, default=2, metavar="N", help="items to show (default 2)")
+    fields.add_argument("--src-format", default="auto", help="how to read SRC (default: guessed)")
+    fields.add_argument("--root", help="a file list's base directory for relative paths")
+    fields.add_argument("--json", action="store_true", help="print the report as JSON")
+    fields.set_defaults(run=_cmd_fields)
     return parser
 
 

@@ -7,8 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import PIL
+import pytest
 
 from fastloader import __version__
 from fastloader.info import _ranges, collect
@@ -34,3 +36,18 @@ def test_console_script_prints_json() -> None:
 def test_cpu_ranges() -> None:
     assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert _ranges([3]) == "3"
+
+
+def test_fields_lists_names_kinds_and_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fastloader.cli import main
+    from fastloader.sample_shards import make_caption_shards
+
+    shard = str(make_caption_shards(tmp_path, num_images=3, shard_size=3)[0])
+    assert main(["fields", shard, "--items", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "3 items; the image is image / jpg" in text and "the label label / cls" in text
+    assert "  json  json\n  txt   text" in text and "captions-000000.tar:000000000 (label" in text
+    assert main(["fields", shard, "--json", "--items", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fields"] == {"json": "json", "txt": "text"} and len(report["samples"]) == 3
+    assert report["samples"][2]["fields"]["txt"].startswith("'a ")
