@@ -58,7 +58,11 @@ def field_values(index: int) -> dict[str, Any]:
 
 
 class FieldItems:
-    """``count`` real images (``tests.images.image_bytes``), labels ``i % 3``, and :func:`field_values`."""
+    """``count`` real images (``tests.images.image_bytes``), labels ``i % 3``, and :func:`field_values`.
+
+    Subclasses change the fields by overriding ``kinds`` and ``values``."""
+
+    kinds = FIELDS
 
     def __init__(self, count: int = 12) -> None:
         self.count = count
@@ -75,11 +79,14 @@ class FieldItems:
     def key(self, index: int) -> str:
         return f"items/{index:03d}"
 
+    def values(self, index: int) -> dict[str, Any]:
+        return field_values(index)
+
     def field_kinds(self) -> dict[str, str]:
-        return dict(FIELDS)
+        return dict(self.kinds)
 
     def read_field(self, index: int, name: str) -> Any:
-        values = field_values(index)
+        values = self.values(index)
         if name not in values:
             raise MissingField(f"{self.key(index)}: no field {name!r}")
         return values[name]

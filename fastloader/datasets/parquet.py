@@ -54,13 +54,7 @@ from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, de
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value
-from fastloader.formats.parquet_pack import (
-    PACK_FORMAT,
-    SCHEMA_META_KEY,
-    import_pyarrow,
-    is_pack_dir,
-    read_pack_manifest,
-)
+from fastloader.formats.parquet_pack import PACK_FORMAT, SCHEMA_META_KEY, ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
 
 _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; others are reopened as needed
@@ -262,8 +256,8 @@ def _file_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], 
     """The files a pattern names, the class names and fields a pack's manifest records."""
     if not isinstance(pattern, list) and os.path.isdir(pattern):
         directory = os.fspath(pattern)
-        if is_pack_dir(directory):
-            state = read_pack_manifest(directory)
+        if ParquetPackState.found_in(directory):
+            state = ParquetPackState.read_manifest(directory)
             return [os.path.join(directory, shard.name) for shard in state.shards], state.classes, state.fields
         # As pyarrow and Spark do, names starting with "." or "_" are not data (temporaries, _SUCCESS).
         files = sorted(n for n in os.listdir(directory) if n.endswith(".parquet") and not n.startswith((".", "_")))

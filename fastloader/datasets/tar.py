@@ -38,7 +38,7 @@ from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value, kind_of_extension
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at, write_index
 from fastloader.formats.patterns import expand_pattern
-from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
+from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS, load_shard_index
 from fastloader.storage import cache_dir
 
@@ -47,30 +47,12 @@ CATALOG_VERSION = 2
 _MAX_OPEN_SHARDS = 64  # file descriptors per process; shards beyond are reopened as needed
 
 
-def read_pack_manifest(dst_dir: str | os.PathLike[str]) -> TarPackState:
-    """The manifest of a finished ``fastloader pack --format tar``; FormatError if the pack is incomplete."""
-    manifest = Path(dst_dir) / MANIFEST_NAME
-    if not manifest.exists():
-        started = (Path(dst_dir) / PROGRESS_NAME).exists()
-        raise FormatError(
-            f"{dst_dir}: incomplete pack: no {MANIFEST_NAME} "
-            + ("(the pack was interrupted or is still running; run it again to finish)" if started else "found")
-        )
-    state = TarPackState.read(manifest)
-    if not state.complete:
-        raise FormatError(f"{manifest}: incomplete pack (not marked complete)")
-    for shard in state.shards:
-        if "/" in shard.name or shard.name.startswith("."):  # the manifest only ever names files beside it
-            raise FormatError(f"{manifest}: bad shard name {shard.name!r}")
-    return state
-
-
 def _shard_list(
     pattern: str | os.PathLike[str] | list[str],
 ) -> tuple[list[str], list[str] | None, dict[str, FieldMember]]:
     """The shard paths a pattern (or a pack directory) names, and the class names and fields a pack records."""
     if not isinstance(pattern, list) and os.path.isdir(pattern):
-        state = read_pack_manifest(pattern)
+        state = TarPackState.read_manifest(pattern)
         shards = [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards]
         return shards, state.classes, state.fields
     return expand_pattern(pattern), None, {}

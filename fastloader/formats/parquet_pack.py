@@ -10,6 +10,10 @@ Layout of a destination directory::
 
 The manifest's name starts with ``_`` so that Parquet readers of the directory (pyarrow, pandas,
 Spark, DuckDB) skip it as they skip ``_SUCCESS``: ``pandas.read_parquet(DST)`` reads the pack.
+Both are the JSON object of :mod:`fastloader.formats.pack_state`, with its keys in this order:
+``fingerprint``, ``created``, ``fields`` (the pack's fields, name -> kind), ``position``, ``shards``,
+``skipped``, ``complete``, ``classes``, ``meta``, ``format`` (``fastloader-parquet``), ``version`` (1),
+``count``.
 
 Columns of every file, in order: ``key`` (string: the item's key in the packed source), ``image``
 (binary: the encoded image), ``label`` (int64, -1 for none), then one column per field, named as
@@ -42,15 +46,10 @@ columns with snappy.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from fastloader.errors import FormatError
-from fastloader.formats.bad_samples import BadSample
-from fastloader.formats.tar_manifest import ShardRecord
+from fastloader.formats.pack_state import PackState
 
 MANIFEST_NAME = "_fastloader-parquet.json"
 PROGRESS_NAME = "_fastloader-parquet.progress.json"
@@ -72,10 +71,6 @@ def import_pyarrow() -> tuple[Any, Any]:
     return pyarrow, pyarrow.parquet
 
 
-def part_name(number: int) -> str:
-    return f"{PART_PREFIX}-{number:06d}.parquet"
-
-
 def column_names(fields: list[str]) -> dict[str, str]:
     """The column of each field: its own name unless a reserved one or another column has it."""
     taken = {KEY_COLUMN, IMAGE_COLUMN, LABEL_COLUMN}
@@ -89,68 +84,22 @@ def column_names(fields: list[str]) -> dict[str, str]:
     return columns
 
 
-@dataclass(frozen=True)
-class ParquetPackState:
+@dataclass(frozen=True, kw_only=True)
+class ParquetPackState(PackState):
     """What a Parquet pack has made durable: the progress file while packing, the manifest once complete.
 
-    ``shards`` are the completed files (name, rows, the source position just after their last row);
-    ``fields`` the pack's fields (name -> kind), known even when no file holds a row.
+    ``shards`` are the completed files; ``fields`` the pack's fields (name -> kind), known even when
+    no file holds a row.
     """
 
-    fingerprint: dict[str, Any]
-    created: int
+    MANIFEST_NAME: ClassVar[str] = MANIFEST_NAME
+    PROGRESS_NAME: ClassVar[str] = PROGRESS_NAME
+    FORMAT: ClassVar[str] = PACK_FORMAT
+    VERSIONS: ClassVar[tuple[int, ...]] = (PACK_VERSION,)
+    KEYS: ClassVar[tuple[str, ...]] = tuple(
+        "fingerprint created fields position shards skipped complete classes meta format version count".split()
+    )
+    IDENTITY: ClassVar[tuple[str, ...]] = ("fingerprint", "fields")
+    WHAT: ClassVar[str] = "Parquet"
+
     fields: dict[str, str] = field(default_factory=dict)
-    position: int = 0  # the first source position not yet durable
-    shards: tuple[ShardRecord, ...] = ()
-    skipped: tuple[BadSample, ...] = ()
-    complete: bool = False
-    classes: list[str] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    format: str = PACK_FORMAT
-    version: int = PACK_VERSION
-
-    @property
-    def count(self) -> int:
-        return sum(shard.count for shard in self.shards)
-
-    def to_json(self) -> bytes:
-        return json.dumps({**dataclasses.asdict(self), "count": self.count}, indent=1).encode()
-
-    @classmethod
-    def read(cls, path: Path) -> ParquetPackState:
-        try:
-            raw = json.loads(path.read_bytes())
-            if raw.get("format") != PACK_FORMAT or raw.get("version") != PACK_VERSION:
-                raise ValueError(
-                    f"format {raw.get('format')!r} v{raw.get('version')}, expected {PACK_FORMAT!r} v{PACK_VERSION}"
-                )
-            raw.pop("count", None)
-            raw["shards"] = tuple(ShardRecord(**shard) for shard in raw["shards"])
-            raw["skipped"] = tuple(BadSample(**item) for item in raw["skipped"])
-            state = cls(**raw)
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
-            raise FormatError(f"{path}: unreadable Parquet pack state ({error})") from None
-        for shard in state.shards:
-            if "/" in shard.name or shard.name.startswith("."):  # the manifest only ever names files beside it
-                raise FormatError(f"{path}: bad file name {shard.name!r}")
-        return state
-
-
-def is_pack_dir(directory: str | Path) -> bool:
-    """True when ``directory`` holds a (possibly unfinished) ``fastloader pack --format parquet``."""
-    return any((Path(directory) / name).exists() for name in (MANIFEST_NAME, PROGRESS_NAME))
-
-
-def read_pack_manifest(directory: str | Path) -> ParquetPackState:
-    """The manifest of a finished Parquet pack; FormatError naming the directory when it is unfinished."""
-    manifest = Path(directory) / MANIFEST_NAME
-    if not manifest.exists():
-        started = (Path(directory) / PROGRESS_NAME).exists()
-        raise FormatError(
-            f"{directory}: incomplete pack: no {MANIFEST_NAME} "
-            + ("(the pack was interrupted or is still running; run it again to finish)" if started else "found")
-        )
-    state = ParquetPackState.read(manifest)
-    if not state.complete:
-        raise FormatError(f"{manifest}: incomplete pack (not marked complete)")
-    return state

@@ -4,7 +4,10 @@
 ``fastloader-tar.json`` once complete: written last, the commit point that makes the pack readable.
 Read by the tar dataset and ``verify``, written by the pack's tar sink.
 
-Both are JSON: the :class:`TarPackState` fields, plus ``count``. Version 2 added ``fields``, the pack's
+Both are the JSON object of :mod:`fastloader.formats.pack_state`, with its keys in this order:
+``fingerprint``, ``prefix`` (of the shard names, ``{prefix}-NNNNNN.tar``), ``created`` (also the mtime
+of every member), ``position``, ``shards``, ``skipped``, ``complete``, ``classes``, ``meta``, ``fields``,
+``format`` (``fastloader-tar``), ``version`` (2), ``count``. Version 2 added ``fields``, the pack's
 fields (``fastloader.fields``) by their original names: ``{"name": {"kind": ..., "extension": ...}}``;
 each sample's value of a field is its member ``{sample}.{extension}``, holding the kind's canonical
 bytes (``encode_value``). Version 1 manifests (packs without fields) still read, with no fields.
@@ -27,23 +30,18 @@ Two fields that end with the same extension (names differing only in case) are r
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from fastloader.errors import FormatError
 from fastloader.fields.values import KINDS, check_kind, kind_of_extension
-from fastloader.formats.bad_samples import BadSample
+from fastloader.formats.pack_state import PackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS
 
 MANIFEST_NAME = "fastloader-tar.json"
 PROGRESS_NAME = "fastloader-tar.progress.json"
 PACK_FORMAT = "fastloader-tar"
 PACK_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # 1: before fields
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 _KIND_SUFFIX = {"text": "txt", "json": "json", "int": "cls", "array": "npy", "bytes": "bin"}
 _RESERVED = frozenset(IMAGE_EXTS + LABEL_EXTS)
@@ -89,56 +87,28 @@ def field_members(fields: Mapping[str, str]) -> dict[str, FieldMember]:
     return members
 
 
-@dataclass(frozen=True)
-class ShardRecord:
-    """A completed shard: its file name, samples, and the source position just after its last sample."""
-
-    name: str
-    count: int
-    end_position: int
-
-
-@dataclass(frozen=True)
-class TarPackState:
+@dataclass(frozen=True, kw_only=True)
+class TarPackState(PackState):
     """What a tar pack has made durable: the progress file while packing, the manifest once complete."""
 
-    fingerprint: dict[str, Any]
+    MANIFEST_NAME: ClassVar[str] = MANIFEST_NAME
+    PROGRESS_NAME: ClassVar[str] = PROGRESS_NAME
+    FORMAT: ClassVar[str] = PACK_FORMAT
+    VERSIONS: ClassVar[tuple[int, ...]] = (1, PACK_VERSION)  # 1: before fields
+    KEYS: ClassVar[tuple[str, ...]] = tuple(
+        "fingerprint prefix created position shards skipped complete classes meta fields format version count".split()
+    )
+    IDENTITY: ClassVar[tuple[str, ...]] = ("fingerprint", "prefix", "fields")
+    WHAT: ClassVar[str] = "tar"
+
     prefix: str
-    created: int  # mtime of every member: the same bytes whichever run writes a shard
-    position: int = 0  # the first source position not yet durable
-    shards: tuple[ShardRecord, ...] = ()
-    skipped: tuple[BadSample, ...] = ()
-    complete: bool = False
-    classes: list[str] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
     fields: dict[str, FieldMember] = field(default_factory=dict)  # by original field name
-    format: str = PACK_FORMAT
-    version: int = PACK_VERSION
-
-    @property
-    def count(self) -> int:
-        return sum(shard.count for shard in self.shards)
-
-    def to_json(self) -> bytes:
-        return json.dumps({**dataclasses.asdict(self), "count": self.count}, indent=1).encode()
 
     @classmethod
-    def read(cls, path: Path) -> TarPackState:
-        try:
-            raw = json.loads(path.read_bytes())
-            if raw.get("format") != PACK_FORMAT or raw.get("version") not in _READABLE_VERSIONS:
-                raise ValueError(
-                    f"format {raw.get('format')!r} v{raw.get('version')}, expected {PACK_FORMAT!r} v1 to "
-                    f"v{PACK_VERSION} (written by a newer fastloader?)"
-                )
-            raw.pop("count", None)
-            raw["shards"] = tuple(ShardRecord(**shard) for shard in raw["shards"])
-            raw["skipped"] = tuple(BadSample(**item) for item in raw["skipped"])
-            raw["fields"] = {name: FieldMember(**record) for name, record in raw.get("fields", {}).items()}
-            _check_fields(raw["fields"])
-            return cls(**raw)
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
-            raise FormatError(f"{path}: unreadable tar pack state ({error})") from None
+    def _decode(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        raw["fields"] = {name: FieldMember(**record) for name, record in raw.get("fields", {}).items()}
+        _check_fields(raw["fields"])
+        return raw
 
 
 def _check_fields(fields: Mapping[str, FieldMember]) -> None:

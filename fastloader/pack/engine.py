@@ -60,14 +60,14 @@ _KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
 def detect_source_kind(src: str) -> str:
     """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
     if os.path.isdir(src):
-        from fastloader.formats.parquet_pack import is_pack_dir
+        from fastloader.formats.parquet_pack import ParquetPackState
         from fastloader.formats.tar_manifest import MANIFEST_NAME
 
         if os.path.exists(os.path.join(src, "data.mdb")):
             return "lmdb"
         if os.path.exists(os.path.join(src, MANIFEST_NAME)):
             return "tar"
-        if is_pack_dir(src) or any(name.endswith(".parquet") for name in os.listdir(src)):
+        if ParquetPackState.found_in(src) or any(name.endswith(".parquet") for name in os.listdir(src)):
             return "parquet"
         return "folder"
     name = os.path.basename(src).lower()

@@ -41,16 +41,11 @@ from fastloader.errors import FormatError
 from fastloader.fields.values import check_kind, encode_value
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.bad_samples import BadSample
+from fastloader.pack.sink import normalize_fingerprint
 
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_COMMIT_EVERY = 256
 DEFAULT_COMMIT_BYTES = 64 << 20
-
-
-def normalize_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint as it reads back from JSON (tuples become lists), so that equal ones compare equal."""
-    normalized: dict[str, Any] = json.loads(json.dumps(fingerprint, sort_keys=True))
-    return normalized
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:

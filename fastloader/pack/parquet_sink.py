@@ -11,21 +11,14 @@ small for Parquet: ``row_group_size`` rows (default 128), cut earlier when they 
 overheads (footer entries, page headers) stay negligible. Hugging Face writes image datasets in row
 groups of 100 rows for the same reason.
 
-Durability comes in whole files, as for tar shards (``fastloader.pack.tar_sink``): a file is
-written under a hidden temporary name, fsynced, renamed, its footer read back, and only then
-recorded in the progress file (atomically replaced). A run killed at any moment leaves at most one
-unrecorded file (temporary or renamed), which the next run deletes and rewrites from the recorded
-source position: 0 samples lost, 0 duplicated. ``checkpoint()`` makes skipped items durable but never
-closes a file early, so a resumed run redoes up to one file of work.
+Durability comes in whole files (a resumed run redoes at most one): see
+:mod:`fastloader.pack.shard_sink`. A file is checked by reading its footer back before it is recorded.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,24 +27,20 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.fields.values import check_kind, check_value, encode_value
-from fastloader.formats.bad_samples import BadSample
 from fastloader.formats.parquet_pack import (
     IMAGE_COLUMN,
     KEY_COLUMN,
     LABEL_COLUMN,
-    MANIFEST_NAME,
     PACK_FORMAT,
     PACK_VERSION,
     PART_PREFIX,
-    PROGRESS_NAME,
     SCHEMA_META_KEY,
     ParquetPackState,
     column_names,
     import_pyarrow,
-    part_name,
 )
-from fastloader.formats.tar_manifest import ShardRecord
-from fastloader.storage import AtomicFile, atomic_write_bytes
+from fastloader.pack.shard_sink import ShardedSink
+from fastloader.storage import AtomicFile
 
 DEFAULT_ROW_GROUP_SIZE = 128
 DEFAULT_ROW_GROUP_BYTES = 32 << 20
@@ -201,7 +190,7 @@ class _OpenPart:
         self.target.abort()
 
 
-class ParquetSink:
+class ParquetSink(ShardedSink[ParquetPackState, _OpenPart]):
     """Write packed samples into Parquet files of ``shard_size`` rows under ``dst_dir`` (see module doc).
 
     Implements :class:`fastloader.pack.sink.Sink`. ``fields``: the pack's fields (name -> kind),
@@ -210,6 +199,8 @@ class ParquetSink:
     :class:`~fastloader.errors.FormatError`. ``add`` raises ValueError, writing nothing, for a field
     value not of its kind; the engine may then ``add_skipped`` the same position.
     """
+
+    SUFFIX = ".parquet"
 
     def __init__(
         self,
@@ -222,184 +213,43 @@ class ParquetSink:
         fields: Mapping[str, str] | None = None,
     ) -> None:
         import_pyarrow()  # a clear ImportError before anything is written
-        for name, value in (("shard_size", shard_size), ("row_group_size", row_group_size)):
+        for name, value in (("row_group_size", row_group_size), ("row_group_bytes", row_group_bytes)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(row_group_bytes, int) or row_group_bytes < 1:
-            raise ValueError(f"row_group_bytes must be a positive integer, got {row_group_bytes!r}")
-        self.dst_dir = Path(dst_dir)
-        self.shard_size, self.row_group_size, self.row_group_bytes = shard_size, row_group_size, row_group_bytes
+        self.row_group_size, self.row_group_bytes = row_group_size, row_group_bytes
         self._kinds = {name: check_kind(kind, name) for name, kind in (fields or {}).items()}
         self._columns = column_names(list(self._kinds))
-        if self.dst_dir.exists() and not self.dst_dir.is_dir():
-            raise FormatError(f"{self.dst_dir}: exists and is not a directory")
-        self.dst_dir.mkdir(parents=True, exist_ok=True)
-        fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))  # as it reads back from JSON
-        self._state = self._open_state(fingerprint)
-        self._pending_skipped: list[BadSample] = []
-        self._next_position = self._state.position  # the lowest position add / add_skipped accept
-        self._part: _OpenPart | None = None
-        self._closed = False
-        if not self._state.complete:
-            self._discard_unrecorded()
+        fresh = ParquetPackState(fingerprint=fingerprint, fields=dict(self._kinds))
+        super().__init__(dst_dir, fresh, prefix=PART_PREFIX, shard_size=shard_size)
 
-    def _open_state(self, fingerprint: dict[str, Any]) -> ParquetPackState:
-        for name in (MANIFEST_NAME, PROGRESS_NAME):
-            if (self.dst_dir / name).exists():
-                state = ParquetPackState.read(self.dst_dir / name)
-                if state.fingerprint != fingerprint or state.fields != self._kinds:
-                    raise FormatError(
-                        f"{self.dst_dir}: holds a different pack (fingerprint {state.fingerprint}, fields "
-                        f"{state.fields}); pack into a new directory or delete this one"
-                    )
-                return state
-        others = {"fastloader-tar.json": "tar", "fastloader-tar.progress.json": "tar", "data.mdb": "LMDB"}
-        for other, what in others.items():
-            if (self.dst_dir / other).exists():
-                raise FormatError(f"{self.dst_dir}: holds a {what} pack; pack Parquet into a new directory")
-        if self._part_files():
-            raise FormatError(
-                f"{self.dst_dir}: holds {PART_PREFIX}-*.parquet files that no fastloader pack recorded; "
-                "refusing to overwrite them (pack into an empty directory)"
-            )
-        return ParquetPackState(fingerprint=fingerprint, created=int(time.time()), fields=dict(self._kinds))
-
-    def _part_files(self) -> list[Path]:
-        pattern = re.compile(rf"{PART_PREFIX}-\d+\.parquet")
-        return [path for path in self.dst_dir.iterdir() if pattern.fullmatch(path.name)]
-
-    def _discard_unrecorded(self) -> None:
-        """Delete what a killed run left beyond the recorded state: a temporary or an unrecorded file."""
-        recorded = {shard.name for shard in self._state.shards}
-        for path in self._part_files():
-            if path.name not in recorded:
-                path.unlink()
-        # Temporaries of a killed run: the open file, and atomic_write's of the progress file.
-        for path in [*self.dst_dir.glob(f".{PART_PREFIX}-*"), *self.dst_dir.glob("._fastloader-parquet*")]:
-            if path.name.endswith(".tmp"):
-                path.unlink()
-        for name in recorded:
-            if not (self.dst_dir / name).is_file():
-                raise FormatError(f"{self.dst_dir}: file {name} is recorded as complete but missing")
-
-    # -- the Sink protocol ------------------------------------------------------------------------
-
-    def resume_position(self) -> int:
-        return self._state.position
-
-    def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
-        self._check_position(position)
+    def _write(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> int:
         values: dict[str, Any] = {}
-        for name, value in (fields or {}).items():
+        for name, value in fields.items():
             kind = self._kinds.get(name)
             if kind is None:
                 raise ValueError(f"{key}: field {name!r} is not one of this pack's fields ({sorted(self._kinds)})")
             values[name] = check_value(kind, value, f"{key}: field {name!r}")
             if kind == "text":
                 encode_value("text", values[name])  # UnicodeEncodeError (a ValueError) for lone surrogates
-        if self._part is not None and not self._part.fits(values):
-            self._close_part()  # an array field changed dtype or dimensions: the next file gets its type
-        if self._part is None:
-            self._part = _OpenPart(self.dst_dir, part_name(len(self._state.shards)), self._kinds, self._columns)
-        part = self._part
+        if self._file is not None and not self._file.fits(values):
+            self._close_file()  # an array field changed dtype or dimensions: the next file gets its type
+        if self._file is None:
+            self._file = _OpenPart(self.dst_dir, self._next_name(), self._kinds, self._columns)
+        part = self._file
         part.append(key, int(label), bytes(data), values)
-        self._next_position = position + 1
         if part.buffered_rows >= self.row_group_size or part.buffered_bytes >= self.row_group_bytes:
             part.flush()
-        if part.rows >= self.shard_size:
-            self._close_part()
+        return part.rows
 
-    def add_skipped(self, position: int, key: str, reason: str) -> None:
-        self._check_position(position)
-        self._pending_skipped.append(BadSample(position, key, reason))
-        self._next_position = position + 1
-
-    def skipped(self) -> list[BadSample]:
-        return [*self._state.skipped, *self._pending_skipped]
-
-    def checkpoint(self) -> None:
-        """Record skipped items when no file is open; an open file stays open (see module doc)."""
-        self._check_open()
-        if self._part is None and self._next_position > self._state.position:
-            self._record(self._state.shards)
-
-    def finish(self, classes: list[str] | None, meta: dict[str, Any]) -> None:
-        self._check_open()
-        if self._part is not None:
-            self._close_part()  # the last, possibly short, file
-        self._state = dataclasses.replace(
-            self._state,
-            position=self._next_position,
-            skipped=(*self._state.skipped, *self._pending_skipped),
-            complete=True,
-            classes=None if classes is None else list(classes),
-            meta=dict(meta),
-        )
-        self._pending_skipped = []
-        atomic_write_bytes(self.dst_dir / MANIFEST_NAME, self._state.to_json())  # the commit point
-        (self.dst_dir / PROGRESS_NAME).unlink(missing_ok=True)
-        self._closed = True
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        if self._part is not None:
-            self._part.discard()  # not durable: the next run rewrites it
-            self._part = None
-        elif not self._state.complete:
-            self.checkpoint()
-        self._closed = True
-
-    # -- internals --------------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.dst_dir}: this Parquet sink is closed")
-
-    def _check_position(self, position: int) -> None:
-        self._check_open()
-        if self._state.complete:
-            raise ValueError(f"{self.dst_dir}: the pack is already finished; nothing more can be added")
-        if position < self._next_position:
-            raise ValueError(
-                f"{self.dst_dir}: source position {position} is not after the previous one "
-                f"({self._next_position - 1}); positions must strictly increase from resume_position()"
-            )
-
-    def _close_part(self) -> None:
-        """Make the open file durable: footer, fsync, rename into place, read back, then record it."""
-        if self._part is None:
-            raise RuntimeError("no file is open")
-        part, self._part = self._part, None
-        try:
-            part.commit()
-        except BaseException:
-            part.discard()
-            raise
+    def _commit(self, part: _OpenPart) -> int:
+        """Write the footer, fsync, rename into place, read the footer back."""
+        part.commit()
         final = self.dst_dir / part.name
-        _fsync_directory(self.dst_dir)
         _, pq = import_pyarrow()
-        rows = pq.read_metadata(final).num_rows
+        rows: int = pq.read_metadata(final).num_rows
         if rows != part.rows:
             raise FormatError(f"{final}: its footer counts {rows} rows, {part.rows} were written")
-        self._record((*self._state.shards, ShardRecord(part.name, part.rows, self._next_position)))
+        return rows
 
-    def _record(self, shards: tuple[ShardRecord, ...]) -> None:
-        """Replace the progress file: ``shards`` and every skipped item so far are now durable."""
-        self._state = dataclasses.replace(
-            self._state,
-            shards=shards,
-            position=self._next_position,
-            skipped=(*self._state.skipped, *self._pending_skipped),
-        )
-        self._pending_skipped = []
-        atomic_write_bytes(self.dst_dir / PROGRESS_NAME, self._state.to_json())
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Persist a rename: without it a power cut can bring back the old directory entry."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def _discard(self, part: _OpenPart) -> None:
+        part.discard()

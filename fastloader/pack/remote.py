@@ -22,8 +22,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastloader.datasets.tar import read_pack_manifest
-from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME
+from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
@@ -40,7 +39,7 @@ def staging_dir(url: S3Url) -> Path:
 def upload_pack(directory: str | os.PathLike[str], url: S3Url, store: S3Store) -> dict[str, int]:
     """Upload a finished tar pack: shards and their indexes, then the manifest. Returns what was sent."""
     directory = Path(directory)
-    state = read_pack_manifest(directory)
+    state = TarPackState.read_manifest(directory)
     there = dict(store.list(url))
     marker = url.child(PROGRESS_NAME)
     store.put(marker, (directory / MANIFEST_NAME).read_bytes())  # readers: "an upload is under way"

@@ -10,8 +10,9 @@ duplicated. So:
   (a subset of those names: an item may lack a field) and must keep them exactly.
 * ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
 * ``checkpoint()`` makes durable what the sink's unit of durability allows: everything handed over
-  for an LMDB sink (one transaction), whole shards only for a tar sink (a shard is renamed into
-  place when complete, so a resume may redo up to one shard of work). Whatever the unit,
+  for an LMDB sink (one transaction), whole files only for the tar and Parquet sinks (a file is
+  renamed into place when complete, so a resume may redo up to one file of work: see
+  ``fastloader.pack.shard_sink``). Whatever the unit,
   ``resume_position()`` always equals the first position that is *not* durable: work may be
   redone, never lost or duplicated.
 * A new sink opened on the same destination with the same ``fingerprint`` (a JSON-able dict
@@ -25,6 +26,7 @@ duplicated. So:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -59,3 +61,12 @@ class Sink(Protocol):
     def close(self) -> None:
         """Close without finishing (an interrupted pack); what was durable stays durable."""
         ...
+
+
+def normalize_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """``fingerprint`` as it reads back from JSON (tuples become lists), so that equal ones compare equal."""
+    try:
+        normalized: dict[str, Any] = json.loads(json.dumps(fingerprint, sort_keys=True))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"fingerprint must be a JSON-serialisable dict ({error})") from None
+    return normalized

@@ -176,9 +176,10 @@ def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
 
 
 def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
-    from fastloader.datasets.tar import TarShardSource, read_pack_manifest
+    from fastloader.datasets.tar import TarShardSource
+    from fastloader.formats.tar_manifest import TarPackState
 
-    state = read_pack_manifest(path)  # FormatError if unfinished
+    state = TarPackState.read_manifest(path)  # FormatError if unfinished
     expected = sum(shard.count for shard in state.shards)
     try:
         source = TarShardSource(path)
@@ -231,10 +232,10 @@ def _reason(error: BaseException, key: str) -> str:
 def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
     from fastloader.datasets.parquet import ParquetSource
     from fastloader.fields.values import MissingField, check_value
-    from fastloader.formats.parquet_pack import import_pyarrow, read_pack_manifest
+    from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 
     _, pq = import_pyarrow()
-    state = read_pack_manifest(path)  # FormatError if unfinished
+    state = ParquetPackState.read_manifest(path)  # FormatError if unfinished
     expected = state.count
     problems: list[str] = []
     for shard in state.shards:
@@ -302,13 +303,12 @@ def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyRepo
         raise FileNotFoundError(f"{path}: no such pack")
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
         return _verify_lmdb(path, progress)
-    from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME
+    from fastloader.formats.parquet_pack import ParquetPackState
+    from fastloader.formats.tar_manifest import MANIFEST_NAME, TarPackState
 
-    if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST_NAME, PROGRESS_NAME)):
+    if TarPackState.found_in(path):
         return _verify_tar(path, progress)
-    from fastloader.formats.parquet_pack import is_pack_dir
-
-    if is_pack_dir(path):
+    if ParquetPackState.found_in(path):
         return _verify_parquet(path, progress)
     raise FormatError(
         f"{path}: neither a fastloader LMDB (no data.mdb) nor tar shards (no {MANIFEST_NAME}) nor a Parquet pack"

@@ -80,34 +80,20 @@ def values_of(index: int) -> dict[str, Any]:
     return values
 
 
-class AllKinds:
-    """A source of real images whose items carry fields of every kind (module level: readers pickle it)."""
+class AllKinds(FieldItems):
+    """Real images whose items carry :func:`values_of`: odd values of every kind (module level: readers pickle it)."""
 
     classes = ["a", "b"]
+    kinds = KINDS
 
-    def __init__(self, count: int = 12) -> None:
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def read(self, index: int) -> bytes:
-        return image_bytes(index)
+    def values(self, index: int) -> dict[str, Any]:
+        return values_of(index)
 
     def label(self, index: int) -> int:
         return index % 2
 
     def key(self, index: int) -> str:
         return f"item-{index}"
-
-    def field_kinds(self) -> dict[str, str]:
-        return dict(KINDS)
-
-    def read_field(self, index: int, name: str) -> Any:
-        values = values_of(index)
-        if name not in values:
-            raise MissingField(f"{self.key(index)}: no field {name!r}")
-        return values[name]
 
 
 def assert_same_fields(packed: Any, source: Any) -> None:

@@ -1,0 +1,138 @@
+"""The state of a pack written as a directory of files (tar shards, Parquet files): what it made durable.
+
+Each such format names two files beside its data files: a *progress file* while packing, and the
+*manifest*, written last by ``finish()``: the commit point that makes the pack readable. Both are
+the same JSON object (indented by one space), with these keys common to every format:
+
+``fingerprint``
+    the source and options packed (a JSON object): a resumed run must bring the same one.
+``created``
+    when the pack began (UNIX seconds); a resumed run keeps it.
+``position``
+    the first source position not yet durable: where a resumed run continues.
+``shards``
+    the completed data files, in order: ``{"name", "count", "end_position"}`` each (its file name,
+    beside the manifest; its samples; the source position just after its last sample).
+``skipped``
+    the source items skipped: ``{"position", "key", "reason"}`` each.
+``complete``
+    true in the manifest of a finished pack.
+``classes`` / ``meta``
+    the class names (or null) and the source's metadata, set by ``finish()``.
+``format`` / ``version``
+    which format and version wrote the file (readers refuse others).
+``count``
+    the samples of all ``shards`` (written for readers' convenience; ignored when read).
+
+Each format adds its own keys and fixes the order of all of them (``KEYS``): see
+:mod:`fastloader.formats.tar_manifest` and :mod:`fastloader.formats.parquet_pack`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from fastloader.errors import FormatError
+from fastloader.formats.bad_samples import BadSample
+
+StateT = TypeVar("StateT", bound="PackState")
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """A completed data file: its file name, samples, and the source position just after its last sample."""
+
+    name: str
+    count: int
+    end_position: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackState:
+    """What a pack has made durable: its progress file while packing, its manifest once complete.
+
+    A format subclasses it with its own fields and says, as class variables, the names of its two
+    files, its ``FORMAT`` and readable ``VERSIONS`` (the last is the one written), the order of its
+    JSON ``KEYS``, and ``IDENTITY``: the fields a resumed run must share with the pack.
+    """
+
+    MANIFEST_NAME: ClassVar[str]
+    PROGRESS_NAME: ClassVar[str]
+    FORMAT: ClassVar[str]
+    VERSIONS: ClassVar[tuple[int, ...]]
+    KEYS: ClassVar[tuple[str, ...]]
+    IDENTITY: ClassVar[tuple[str, ...]]
+    WHAT: ClassVar[str]  # the format in messages
+
+    fingerprint: dict[str, Any]
+    created: int = field(default_factory=lambda: int(time.time()))
+    position: int = 0
+    shards: tuple[ShardRecord, ...] = ()
+    skipped: tuple[BadSample, ...] = ()
+    complete: bool = False
+    classes: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(shard.count for shard in self.shards)
+
+    def identity(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.IDENTITY}
+
+    def to_json(self) -> bytes:
+        raw = dataclasses.asdict(self) | {"format": self.FORMAT, "version": self.VERSIONS[-1], "count": self.count}
+        return json.dumps({key: raw[key] for key in self.KEYS}, indent=1).encode()
+
+    @classmethod
+    def read(cls: type[StateT], path: Path) -> StateT:
+        """The state in ``path`` (a progress file or a manifest); FormatError naming it when unreadable."""
+        try:
+            raw = json.loads(path.read_bytes())
+            if raw.get("format") != cls.FORMAT or raw.get("version") not in cls.VERSIONS:
+                raise ValueError(
+                    f"format {raw.get('format')!r} v{raw.get('version')}, expected {cls.FORMAT!r} "
+                    f"v{' or v'.join(map(str, cls.VERSIONS))} (written by a newer fastloader?)"
+                )
+            for written_only in ("format", "version", "count"):
+                raw.pop(written_only, None)
+            raw["shards"] = tuple(ShardRecord(**shard) for shard in raw["shards"])
+            raw["skipped"] = tuple(BadSample(**item) for item in raw["skipped"])
+            state = cls(**cls._decode(raw))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise FormatError(f"{path}: unreadable {cls.WHAT} pack state ({error})") from None
+        for shard in state.shards:
+            if "/" in shard.name or shard.name.startswith("."):  # the state only ever names files beside it
+                raise FormatError(f"{path}: bad file name {shard.name!r}")
+        return state
+
+    @classmethod
+    def _decode(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        """The format's own keys of ``raw``, as its fields hold them (ValueError when they are wrong)."""
+        return raw
+
+    @classmethod
+    def found_in(cls, directory: str | os.PathLike[str]) -> bool:
+        """True when ``directory`` holds a (possibly unfinished) pack of this format."""
+        return any((Path(directory) / name).exists() for name in (cls.MANIFEST_NAME, cls.PROGRESS_NAME))
+
+    @classmethod
+    def read_manifest(cls: type[StateT], directory: str | os.PathLike[str]) -> StateT:
+        """The manifest of a finished pack in ``directory``; FormatError naming it when the pack is unfinished."""
+        manifest = Path(directory) / cls.MANIFEST_NAME
+        if not manifest.exists():
+            started = (Path(directory) / cls.PROGRESS_NAME).exists()
+            raise FormatError(
+                f"{directory}: incomplete pack: no {cls.MANIFEST_NAME} "
+                + ("(the pack was interrupted or is still running; run it again to finish)" if started else "found")
+            )
+        state = cls.read(manifest)
+        if not state.complete:
+            raise FormatError(f"{manifest}: incomplete pack (not marked complete)")
+        return state
