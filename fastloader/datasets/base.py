@@ -136,6 +136,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self._cache: DecodedCache | None = None
         self._cached_transform: FusedTransform | None = None
         self._errors: ErrorPolicy | None = None
+        # The class names a source knows (a folder's, a pack's manifest), as torchvision's datasets name them.
+        classes = getattr(source, "classes", None)
+        self.classes: list[str] | None = None if classes is None else list(classes)
+        self.class_to_idx = None if self.classes is None else {name: i for i, name in enumerate(self.classes)}
         self.fields = fields
         self._layout: Layout | None = None
         self._fields: FieldReader | None = None

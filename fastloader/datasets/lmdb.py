@@ -288,5 +288,3 @@ class LMDBDataset(ImageDataset[Any]):
         source = LMDBSource(path, verify_checksums=verify_checksums)
         super().__init__(source, transform, target_transform, decode, fields=fields)
         self.path = source.path
-        self.classes = source.classes
-        self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

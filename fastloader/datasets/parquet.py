@@ -549,5 +549,3 @@ class ParquetDataset(ImageDataset[Any]):
             cache_row_groups=cache_row_groups,
         )
         super().__init__(source, transform, target_transform, decode, fields=fields)
-        self.classes = source.classes
-        self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}

@@ -399,5 +399,3 @@ class TarShardDataset(ImageDataset[Any]):
         else:
             source = TarShardSource(pattern, image_exts=image_exts, index_paths=index_paths)
         super().__init__(source, transform, target_transform, decode, fields=fields)
-        self.classes = source.classes
-        self.class_to_idx = None if source.classes is None else {name: i for i, name in enumerate(source.classes)}
