@@ -1,0 +1,98 @@
+"""Plain classification at two git revisions, A B A B: did a change slow the image path down?
+
+Each measurement runs in a fresh interpreter importing fastloader from one tree: the current checkout
+("after") and a worktree of ``--before`` (built from git, with this checkout's compiled JPEG
+extension). Two figures, medians over ``--repeats`` pairs:
+
+- ``loader``: LMDBDataset + train transform (RandomResizedCrop(224) + flip) + DataLoaderX, batch 256,
+  2 persistent workers, images/s over two epochs after a warm-up epoch;
+- ``single_thread``: the fused decode + crop + resize of 2,000 images in one thread, images/s.
+
+    python benchmarks/bench_revisions.py --before 7aec7b3 --lmdb data/bench-5000-256.lmdb
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+LOADER = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+from fastloader import DataLoaderX
+from fastloader import transforms as T
+from fastloader.datasets import LMDBDataset
+dataset = LMDBDataset(sys.argv[1], transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+loader = DataLoaderX(dataset, batch_size=256, shuffle=True, num_workers=2, persistent_workers=True)
+for _ in loader:
+    pass
+start, seen = time.perf_counter(), 0
+for _ in range(2):
+    for images, labels in loader:
+        seen += len(images)
+print(seen / (time.perf_counter() - start))
+"""
+
+SINGLE_THREAD = r"""
+import sys, time
+from fastloader import transforms as T
+from fastloader.datasets import LMDBDataset
+source = LMDBDataset(sys.argv[1]).source
+blobs = [source.read(i) for i in range(min(2000, len(source)))]
+transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+start = time.perf_counter()
+for blob in blobs:
+    transform(blob)
+print(len(blobs) / (time.perf_counter() - start))
+"""
+
+
+def worktree(revision: str) -> Path:
+    """A checkout of ``revision`` beside the repository, with this checkout's compiled extension."""
+    path = ROOT.parent / f"fastloader-bench-{revision}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), revision], check=True)
+    for extension in (ROOT / "fastloader" / "image").glob("_jpeg*.so"):
+        shutil.copy(extension, path / "fastloader" / "image")
+    return path
+
+
+def rate(code: str, tree: Path, lmdb: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", code, lmdb], env=env, capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="the git revision to compare with")
+    parser.add_argument("--lmdb", required=True, help="a fastloader LMDB (benchmarks/bench_pipeline.py makes some)")
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--out", default=str(RESULTS / "revisions.json"))
+    args = parser.parse_args()
+    trees = {"before": worktree(args.before), "after": ROOT}
+    result: dict[str, object] = {"benchmark": "revisions", "before": args.before, "lmdb": args.lmdb}
+    for name, code in (("loader", LOADER), ("single_thread", SINGLE_THREAD)):
+        runs: dict[str, list[float]] = {"before": [], "after": []}
+        for _ in range(args.repeats):  # A B A B
+            for side, tree in trees.items():
+                runs[side].append(rate(code, tree, args.lmdb))
+        medians = {side: statistics.median(values) for side, values in runs.items()}
+        spread = {side: (min(values), max(values)) for side, values in runs.items()}
+        ratio = medians["after"] / medians["before"]
+        result[name] = {"images_per_s": medians, "runs": runs, "spread": spread, "x_before": ratio}
+        print(f"{name:14s} before {medians['before']:7.0f}  after {medians['after']:7.0f} images/s  x{ratio:.3f}")
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
