@@ -5,7 +5,8 @@ image path (``fastloader.image``) and the transform, and follow the error policy
 
 Every dataset here is an :class:`ImageDataset` over a *source* (encoded bytes, label and key of
 item i), so any of them can be swapped for another; see ``fastloader.datasets.base`` for the
-protocol a custom source implements.
+protocol a custom source implements. Given ``fields=``, items also carry what the samples hold
+(captions, JSON, masks, boxes, ...: ``fastloader.fields``).
 """
 
 from fastloader.datasets.base import ImageDataset, Source

@@ -3,7 +3,7 @@
 ``values.py`` holds the kinds and their exact encodings (what ``fastloader pack`` writes into any
 format; sources that carry fields implement :class:`FieldSource`); ``specs.py`` what a dataset's
 ``fields=`` may ask for (names, :class:`Mask`, :class:`Boxes`); ``reader.py`` reads them for one
-sample and moves masks and boxes with the image::
+sample and moves masks and boxes with the image; ``listing.py`` is ``fastloader fields SRC``::
 
     from fastloader.fields import Boxes, Mask
 
