@@ -384,6 +384,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             else:
                 image = self._image(index)
                 source_size = _image_size(image)
+                if not layout.annotations and self.transform is not None:
+                    with timed("transform"):  # with annotations, the transform moves them too (below)
+                        image = self.transform(image)
         with timed("read"):
             values = reader.read(index, source_size)
         if layout.annotations:

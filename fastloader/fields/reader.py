@@ -93,6 +93,8 @@ class FieldReader:
             if output.role == "mask":
                 if isinstance(value, np.ndarray):
                     values[output.name] = torch.from_numpy(np.ascontiguousarray(value))
+                else:
+                    values[output.name] = value.as_subclass(torch.Tensor)  # a tv_tensors.Mask: plain again
                 continue
             spec: Boxes = output.spec  # type: ignore[assignment]
             boxes = (

@@ -130,7 +130,7 @@ def test_torchvision_v2_tail_moves_annotations_with_the_image() -> None:
     expected = plain["target"]["boxes"].clone()
     expected[:, [0, 2]] = 32 - plain["target"]["boxes"][:, [2, 0]]
     assert torch.equal(flipped["target"]["boxes"], expected)
-    assert type(flipped["target"]["boxes"]) is torch.Tensor  # tv_tensors unwrapped
+    assert type(flipped["target"]["boxes"]) is torch.Tensor and type(flipped["mask"]) is torch.Tensor  # unwrapped
 
 
 def test_a_torchvision_v2_pipeline_moves_annotations_too() -> None:
@@ -139,6 +139,18 @@ def test_a_torchvision_v2_pipeline_moves_annotations_too() -> None:
     fused = ImageDataset(SceneSource(), transform=T.Compose([T.Resize(40), T.CenterCrop(32)]), fields=DETECTION)[5]
     assert torch.equal(ours["mask"], fused["mask"])
     assert torch.equal(ours["target"]["boxes"], fused["target"]["boxes"])
+
+
+def test_any_transform_applies_to_the_image_of_a_sample_without_annotations() -> None:
+    from torchvision import transforms as v1
+
+    pipeline = v1.Compose([v1.Resize(40), v1.CenterCrop(32), v1.PILToTensor()])
+    dataset = ImageDataset(SceneSource(), transform=pipeline, fields=("jpg", "txt"))
+    image, caption = dataset[2]
+    plain_image, _ = ImageDataset(SceneSource(), transform=pipeline)[2]
+    assert image.shape == (3, 32, 32) and torch.equal(image, plain_image) and caption == scene(2)["txt"]
+    images, captions = collate(dataset.__getitems__([0, 1]))
+    assert images.shape == (2, 3, 32, 32) and captions == [scene(0)["txt"], scene(1)["txt"]]
 
 
 def test_a_v1_transform_cannot_move_annotations_and_says_so() -> None:
