@@ -228,6 +228,11 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             exclude = read_exclusions(exclude)
         self._errors = ErrorPolicy(on_error, len(self.source), max_errors, quarantine, exclude or ())
 
+    @property
+    def error_policy(self) -> ErrorPolicy | None:
+        """The policy ``set_error_policy`` installed (None: errors raise); GPU decode applies it too."""
+        return self._errors
+
     def error_stats(self) -> dict[str, Any]:
         """Bad samples found so far by every process using this dataset (see ``set_error_policy``)."""
         if self._errors is None:
@@ -254,6 +259,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 )
             if self._cache is not None:
                 raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
+            _check_gpu_filters(fused, device)
         self._decode_device = kind
 
     def set_cache(self, path: str | os.PathLike[str] | None) -> None:
@@ -310,7 +316,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 data, key = self.source.read(index), self.source.key(index)
             with timed("decode"):  # only the header and the crop plan: the GPU decodes
                 header = read_header(data, key)
-                return EncodedImage(data, fused.plan(header.width, header.height), key, header)
+                return EncodedImage(data, fused.plan(header.width, header.height), key, header, index)
         size = fused.decoded_size
         if self._cache is not None and size is not None:
             pixels = np.empty((*size, 3), dtype=np.uint8)
@@ -415,7 +421,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             header = read_header(data, key)
             plan = fused.plan(header.width, header.height)
             if self._decode_device != "cpu":
-                return EncodedImage(data, plan, key, header), plan
+                return EncodedImage(data, plan, key, header, index), plan
             if not decode:
                 return None, plan
             pixels = decode_plan(data, plan, key, out, fast=not fused.exact_decode, header=header)
@@ -489,3 +495,18 @@ class ProcessLocal(Generic[T]):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_opener": self._opener, "_pid": None, "_value": None}
+
+
+def _check_gpu_filters(fused: FusedTransform, device: str) -> None:
+    """GPU decode resizes with nearest, bilinear or bicubic; box, hamming and lanczos have no GPU
+    equivalent, and decoding those images on one CPU thread of the main process would be slower
+    than decoding them in the workers: refuse, naming the step."""
+    from fastloader.image.gpu_decode import GPU_FILTERS
+
+    for step in fused.steps:
+        interpolation = getattr(step, "interpolation", None)
+        if interpolation is not None and interpolation not in GPU_FILTERS:
+            raise ValueError(
+                f"device={device!r} resizes on the GPU with {', '.join(sorted(set(GPU_FILTERS)))};"
+                f" {step!r} asks for {interpolation!r}: choose one of those, or decode on the CPU"
+            )

@@ -49,6 +49,7 @@ class EncodedImage:
     plan: CropPlan
     key: str
     header: ImageHeader | None = None  # read in the worker: the GPU decoder does not parse it again
+    index: int | None = None  # the dataset position: the error policy's substitutes start from it
 
 
 def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from fastloader.errors import DecodeError
-from fastloader.image.geometry import CropPlan, FloatBox, visible_region
+from fastloader.image.geometry import CropPlan, FloatBox, visible_region, whole_box
 
 _JPEG_SOI = b"\xff\xd8"
 # PIL resampling filter per torchvision interpolation name, and the filter's support radius in
@@ -288,8 +288,8 @@ def _render(
     (x0, y0, x1, y1), (u0, v0, u1, v1) = region
     box = (x0 * factor - origin[0], y0 * factor - origin[1], x1 * factor - origin[0], y1 * factor - origin[1])
     resample = getattr(Image.Resampling, _FILTERS[plan.interpolation][0])
-    whole = tuple(round(value) for value in box)
-    if all(abs(value - rounded) < 1e-6 for value, rounded in zip(box, whole)):
+    whole = whole_box(box)
+    if whole is not None:
         # torchvision's RandomResizedCrop crops, then resizes: the filter sees no pixel outside the
         # box. Cropping first does the same, exactly, for a few microseconds.
         resized = image.crop(whole).resize((u1 - u0, v1 - v0), resample)

@@ -210,6 +210,18 @@ def _nearest(value: float) -> int:
     return math.floor(value + 0.5)
 
 
+def whole_box(box: FloatBox) -> Box | None:
+    """``box`` as whole pixels when every edge is within float noise of an integer, else None.
+
+    Float noise (1010.9999999999999) is not a fractional box: both decoders (CPU and GPU) must take the
+    crop-then-resize path for it, as torchvision does for RandomResizedCrop's integer boxes.
+    """
+    whole = (round(box[0]), round(box[1]), round(box[2]), round(box[3]))
+    if all(abs(value - rounded) < _EPSILON for value, rounded in zip(box, whole)):
+        return whole
+    return None
+
+
 def visible_region(plan: CropPlan, width: int, height: int) -> tuple[FloatBox, Box] | None:
     """Split a plan on a ``width`` x ``height`` image into what the image covers and the zero padding.
 

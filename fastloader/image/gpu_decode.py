@@ -4,25 +4,71 @@ main process decodes whole batches with nvJPEG and crops / resizes / flips on th
 Why: on a machine with few cores per GPU, JPEG decode is the CPU's whole budget; nvJPEG moves it
 to the GPU, and workers only read bytes and draw crop boxes (microseconds per image).
 
-How (all in the loader's producer thread, on its side stream, never in a worker):
-1. ``torchvision.io.decode_jpeg(list_of_byte_tensors, device="cuda")`` decodes the batch's JPEGs
-   in one batched call (RGB).
-2. Each image is cropped to its plan's box and resized to the plan's size with antialiased
-   bilinear interpolation (as torchvision's CPU path), flipped when the plan says so, and
-   written into one N×3×H×W uint8 batch.
-3. What nvJPEG refuses, or what is not a plain 3- or 1-channel JPEG (CMYK/YCCK JPEGs, PNG, WebP),
-   is decoded on the CPU with the same plan (``fastloader.decode.decode_plan``) and copied in.
+How (:class:`GpuDecoder`, in the loader's producer thread, never in a worker):
+
+1. ``torchvision.io.decode_jpeg(list_of_byte_tensors, device="cuda")`` decodes the batch's JPEGs in
+   one batched call (RGB), **on a decode stream of its own** (below).
+2. Each image is cropped to its plan's box and resized to the plan's size with the plan's filter
+   (nearest, bilinear or bicubic, antialiased as torchvision's CPU path), flipped when the plan says
+   so, and written into one N×3×H×W uint8 batch, on the loader's side stream.
+3. What is not a plain 3- or 1-channel JPEG (CMYK / YCCK JPEGs, PNG, WebP) is decoded on the CPU
+   with the same plan (``fastloader.image.decode.decode_plan``) and copied in.
+4. nvJPEG fails a whole list for one bad image: the batch is then retried one image at a time, and
+   what nvJPEG still refuses goes to the CPU. An image the CPU cannot decode either is a bad sample:
+   the dataset's error policy (``set_error_policy``) raises, drops its row from every column of the
+   batch (``skip``) or puts the next good sample in its place (``replace``), as on the CPU path.
+   Out-of-memory errors are never taken for a bad image. Every fallback is counted (``counts``,
+   ``DataLoaderX.stats()["gpu_decode"]``) and the first of each kind is logged.
+
+Why a decode stream: torchvision's decoder writes its outputs on nvJPEG's own stream, without
+waiting for the stream that was current when the outputs were allocated (pytorch/vision#9606). Were
+that the side stream, which waits on the training loop's stream and still holds queued crop and
+resize kernels, the caching allocator could hand a block those kernels have yet to read to the next
+decode, which would overwrite it. The decode stream carries nothing but decodes, never waits on the
+training loop, and the side stream waits on it and ``record_stream``s every decoded image before
+reading it: a decoded image's memory returns to the decode stream's pool only after the side
+stream's kernels that read it have run, whatever the timing. (torch hands streams out from a pool:
+the decode stream is checked, at each decode, to be neither the side stream nor the training loop's.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from fastloader.errors import DecodeError, TooManyBadSamples
+from fastloader.image import batch_rows
+
 _JPEG_SOI = b"\xff\xd8"
+# torch's interpolate mode for each plan filter the GPU can apply. PIL's NEAREST (the CPU path) samples
+# pixel centres, which is torch's "nearest-exact", not its legacy "nearest".
+GPU_FILTERS = {
+    "nearest": "nearest-exact",
+    "nearest-exact": "nearest-exact",
+    "bilinear": "bilinear",
+    "bicubic": "bicubic",
+}
+log = logging.getLogger("fastloader")
+
+
+@dataclass
+class DecodeCounts:
+    """What a :class:`GpuDecoder` has done since it was made."""
+
+    batches: int = 0
+    images: int = 0
+    on_gpu: int = 0  # decoded by nvJPEG
+    on_cpu: int = 0  # decoded on the CPU: not a plain JPEG, a filter the GPU lacks, or refused by nvJPEG
+    batch_retries: int = 0  # batched nvJPEG calls that failed and were retried one image at a time
+    bad: int = 0  # images neither decoder could read, handed to the error policy
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 def is_encoded_batch(value: Any) -> bool:
@@ -32,19 +78,212 @@ def is_encoded_batch(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(item, EncodedImage) for item in value)
 
 
+class GpuDecoder:
+    """Decodes the encoded images of collated batches on ``device`` (see the module docstring).
+
+    ``dataset`` and ``collate_fn`` are the loader's: the dataset's error policy decides what a bad
+    image does, and ``replace`` reads and collates its substitute. Without them a bad image raises.
+    On a CPU ``device`` the same logic runs with torchvision's CPU decoder (tests, CPU-only machines).
+    """
+
+    def __init__(self, device: torch.device, dataset: Any = None, collate_fn: Any = None) -> None:
+        self.device = device
+        self.counts = DecodeCounts()
+        self._dataset = dataset
+        self._collate_fn = collate_fn
+        self._stream: torch.cuda.Stream | None = None  # the decode stream, made on first use
+        self._avoided: set[int] = set()
+        self._logged: set[str] = set()
+
+    def __call__(self, batch: Any) -> Any:
+        """``batch`` with its list of encoded images (a column of a tuple / list / dict, or the whole
+        batch) replaced by a uint8 N×3×H×W tensor on the device."""
+        if is_encoded_batch(batch):
+            images, bad = self.decode(batch)
+            return self._repair(images, None, batch, bad) if bad else images
+        if not isinstance(batch, (dict, list, tuple)):
+            return batch
+        encoded = [key for key in batch_rows.columns(batch) if is_encoded_batch(batch[key])]
+        if not encoded:
+            return batch
+        if len(encoded) > 1:
+            raise ValueError(f"GPU decode takes one column of encoded images per batch, got {len(encoded)}")
+        (column,) = encoded
+        images, bad = self.decode(batch[column])
+        decoded = batch_rows.with_column(batch, column, images)
+        return self._repair(decoded, column, batch[column], bad) if bad else decoded
+
+    def avoid(self, stream: torch.cuda.Stream) -> None:
+        """Never decode on ``stream`` (the training loop's): torch hands out streams from a pool of 32."""
+        self._avoided.add(stream.cuda_stream)
+
+    def decode(self, images: Sequence[Any]) -> tuple[torch.Tensor, list[tuple[int, DecodeError]]]:
+        """Decode ``images`` (``EncodedImage``) into one uint8 N×3×H×W tensor on the device; the rows
+        no decoder could read are zero, listed with their error."""
+        sizes = {item.plan.size for item in images}
+        if len(sizes) != 1:
+            raise ValueError(f"GPU decode needs one output size per batch, got {sorted(sizes)}")
+        (height, width) = sizes.pop()
+        out = torch.empty((len(images), 3, height, width), dtype=torch.uint8, device=self.device)
+        gpu_rows = [i for i, item in enumerate(images) if _gpu_decodable(item)]
+        decoded = self._nvjpeg(images, gpu_rows)
+        for i, image in decoded.items():
+            out[i] = _crop_resize(image, images[i].plan)
+        bad: list[tuple[int, DecodeError]] = []
+        cpu_rows = [i for i in range(len(images)) if i not in decoded]
+        for i in cpu_rows:
+            try:
+                out[i] = _decode_on_cpu(images[i]).to(self.device, non_blocking=True)
+            except DecodeError as error:
+                out[i] = 0
+                bad.append((i, error))
+        counts = self.counts
+        counts.batches += 1
+        counts.images += len(images)
+        counts.on_gpu += len(decoded)
+        counts.on_cpu += len(cpu_rows) - len(bad)
+        counts.bad += len(bad)
+        if len(cpu_rows) > len(bad):
+            self._log_once(
+                "cpu",
+                f"GPU decode: {images[cpu_rows[0]].key} decoded on the CPU (not a plain JPEG, or refused by nvJPEG)",
+            )
+        return out, bad
+
+    def _nvjpeg(self, images: Sequence[Any], rows: list[int]) -> dict[int, torch.Tensor]:
+        """``{row: 3×H×W image}`` for the rows nvJPEG decodes; a failed batch is retried image by image."""
+        if not rows:
+            return {}
+        encoded = [torch.frombuffer(bytearray(images[i].data), dtype=torch.uint8) for i in rows]
+        try:
+            return dict(zip(rows, self._decode_jpegs(encoded)))
+        except RuntimeError as error:
+            _raise_if_out_of_memory(error)
+        self.counts.batch_retries += 1
+        self._log_once("retry", "GPU decode: nvJPEG failed a batch; retrying its images one at a time")
+        decoded = {}
+        for row, data in zip(rows, encoded):
+            try:
+                decoded[row] = self._decode_jpegs([data])[0]
+            except RuntimeError as error:
+                _raise_if_out_of_memory(error)  # else: the CPU decodes it, or names what is wrong with it
+        return decoded
+
+    def _decode_jpegs(self, encoded: list[torch.Tensor]) -> list[torch.Tensor]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        if self.device.type != "cuda":
+            return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
+        side = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._decode_stream(side)) as stream:
+            images = list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
+        side.wait_stream(stream)
+        for image in images:
+            image.record_stream(side)  # back to the decode stream's pool only after the side stream read it
+        return images
+
+    def _decode_stream(self, side: torch.cuda.Stream) -> torch.cuda.Stream:
+        """The decode stream: a high-priority stream (decodes are on the critical path of the next
+        batch) that is neither the side stream nor the training loop's, the pool notwithstanding."""
+        avoided = {*self._avoided, side.cuda_stream, torch.cuda.default_stream(self.device).cuda_stream}
+        stream = self._stream
+        for _ in range(64):
+            if stream is not None and stream.cuda_stream not in avoided:
+                self._stream = stream
+                return stream
+            stream = torch.cuda.Stream(device=self.device, priority=-1)
+        raise RuntimeError("GPU decode: found no CUDA stream of its own in the pool")
+
+    def _repair(self, batch: Any, column: Any, images: Sequence[Any], bad: list[tuple[int, DecodeError]]) -> Any:
+        """Apply the dataset's error policy to the rows no decoder could read. ``column`` holds the
+        images in ``batch``; None when ``batch`` is the image tensor itself."""
+        policy = getattr(self._dataset, "error_policy", None)
+        if policy is None:
+            raise bad[0][1]
+        for row, error in bad:
+            policy.record(_index(images[row]), images[row].key, error)  # counted, quarantined, budget checked
+            if policy.mode == "raise":
+                raise error
+        rows = len(images)
+        if policy.mode == "skip":
+            dropped = {row for row, _ in bad}
+            keep = [i for i in range(rows) if i not in dropped]
+            if column is None:
+                return batch[torch.tensor(keep, dtype=torch.long, device=batch.device)]
+            return batch_rows.keep_rows(batch, rows, keep)
+        for row, _ in bad:
+            single, pixels = self._substitute(images[row], column)
+            if column is None:
+                batch[row] = pixels[0]
+            else:
+                batch = batch_rows.put_row(batch, rows, row, batch_rows.with_column(single, column, pixels))
+        return batch
+
+    def _substitute(self, bad: Any, column: Any) -> tuple[Any, torch.Tensor]:
+        """The next good sample after ``bad`` (``replace``): collated as a batch of one, and its image decoded."""
+        dataset = self._dataset
+        policy = dataset.error_policy
+        collate = self._collate_fn if self._collate_fn is not None else _collate
+        for candidate in policy.substitutes(_index(bad)):
+            single = collate([dataset[candidate]])
+            encoded = single if column is None else single[column]
+            try:
+                pixels = _decode_on_cpu(encoded[0]).unsqueeze(0).to(self.device)
+            except DecodeError as error:
+                policy.record(_index(encoded[0], candidate), encoded[0].key, error)
+                continue
+            self.counts.on_cpu += 1
+            return single, pixels
+        raise TooManyBadSamples(
+            f"{bad.key} and the samples after it could not be decoded (listed in {policy.quarantine})"
+        )
+
+    def _log_once(self, kind: str, message: str) -> None:
+        """Log the first fallback of each kind; the rest are counted (``DataLoaderX.stats()["gpu_decode"]``)."""
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s (further ones are counted in DataLoaderX.stats()['gpu_decode'])", message)
+
+
+def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """Decode, crop, resize and flip ``images`` (``EncodedImage``) into one N×3×H×W uint8 tensor on
+    ``device``; an image no decoder can read raises its ``DecodeError``, naming its key."""
+    decoded: torch.Tensor = GpuDecoder(device)(list(images))
+    return decoded
+
+
 def decode_encoded(batch: Any, device: torch.device) -> Any:
     """``batch`` with its list of encoded images (top level of a tuple / list / dict) replaced by a uint8 tensor."""
-    if is_encoded_batch(batch):
-        return decode_batch(batch, device)
-    if isinstance(batch, dict) and any(is_encoded_batch(part) for part in batch.values()):
-        return {name: decode_batch(part, device) if is_encoded_batch(part) else part for name, part in batch.items()}
-    if isinstance(batch, (tuple, list)) and any(is_encoded_batch(part) for part in batch):
-        parts = [decode_batch(part, device) if is_encoded_batch(part) else part for part in batch]
-        return type(batch)(parts) if isinstance(batch, tuple) and not hasattr(batch, "_fields") else parts
-    return batch
+    return GpuDecoder(device)(batch)
 
 
-def _nvjpeg_ok(data: bytes) -> bool:
+def _raise_if_out_of_memory(error: RuntimeError) -> None:
+    """Out of memory is not a bad image: never fall back on it (nvJPEG reports it as a status)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
+        raise error
+    if "ALLOCATOR_FAILURE" in str(error).upper():
+        raise error
+
+
+def _index(item: Any, default: int = -1) -> int:
+    index = getattr(item, "index", None)
+    return default if index is None else int(index)
+
+
+def _collate(samples: list[Any]) -> Any:
+    from fastloader.image.batching import collate
+
+    return collate(samples)
+
+
+def _gpu_decodable(item: Any) -> bool:
+    """A plain JPEG (nvJPEG decodes it to RGB correctly) whose plan's filter the GPU has."""
+    if item.plan.interpolation not in GPU_FILTERS:
+        return False
+    return bool(item.header.plain_jpeg) if item.header is not None else _plain_jpeg(item.data)
+
+
+def _plain_jpeg(data: bytes) -> bool:
     """Plain JPEGs nvJPEG decodes correctly to RGB (CMYK / YCCK and non-JPEGs go to the CPU)."""
     if not data.startswith(_JPEG_SOI):
         return False
@@ -58,65 +297,43 @@ def _nvjpeg_ok(data: bytes) -> bool:
         return False  # the CPU path reports what is wrong with it, naming the key
 
 
-def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
-    """Decode, crop, resize and flip ``images`` (``EncodedImage``) into one N×3×H×W uint8 tensor on ``device``."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    sizes = {item.plan.size for item in images}
-    if len(sizes) != 1:
-        raise ValueError(f"GPU decode needs one output size per batch, got {sorted(sizes)}")
-    (height, width) = sizes.pop()
-    out = torch.empty((len(images), 3, height, width), dtype=torch.uint8, device=device)
-    on_gpu = [
-        i
-        for i, item in enumerate(images)
-        if (item.header.plain_jpeg if item.header is not None else _nvjpeg_ok(item.data))
-    ]
-    decoded: list[torch.Tensor] = []
-    if on_gpu:
-        encoded = [torch.frombuffer(bytearray(images[i].data), dtype=torch.uint8) for i in on_gpu]
-        try:
-            decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:
-            on_gpu, decoded = [], []  # nvJPEG refused one of them: decode this batch on the CPU
-    for i, image in zip(on_gpu, decoded):
-        out[i] = _crop_resize(image, images[i].plan)
-    for i in sorted(set(range(len(images))) - set(on_gpu)):
-        out[i] = _decode_on_cpu(images[i]).to(device, non_blocking=True)
-    return out
-
-
 def _crop_resize(image: torch.Tensor, plan: Any) -> torch.Tensor:
-    """Crop ``image`` (3×H×W uint8 on the GPU) to the plan's box, resize, flip; zero where the box
-    extends past the image (CenterCrop larger than the image pads, as torchvision does).
+    """Crop ``image`` (3×H×W uint8) to the plan's box, resize with the plan's filter, flip; zero where
+    the box extends past the image (CenterCrop larger than the image pads, as torchvision does).
 
-    Antialiased bilinear interpolation, as torchvision's CPU path; the result differs from the CPU
-    decode by a level or two on average (IDCT and resampler implementations differ).
+    The result differs from the CPU decode by a level or two on average (IDCT and resampler
+    implementations differ).
     """
-    from fastloader.image.geometry import visible_region
+    from fastloader.image.geometry import visible_region, whole_box
 
     height, width = image.shape[1:]
     out = torch.zeros((3, *plan.size), dtype=torch.uint8, device=image.device)
     region = visible_region(plan, width, height)
     if region is None:
         return out
-    (sx0, sy0, sx1, sy1), (u0, v0, u1, v1) = region
-    if all(float(v).is_integer() for v in (sx0, sy0, sx1, sy1)):
+    source, (u0, v0, u1, v1) = region
+    mode = GPU_FILTERS[plan.interpolation]
+    whole = whole_box(source)
+    if whole is not None:
         # A whole-pixel box (RandomResizedCrop): crop, then resize the crop, as torchvision does.
-        crop = image[:, int(sy0) : int(sy1), int(sx0) : int(sx1)].unsqueeze(0).float()
-        pixels = _resize(crop, (v1 - v0, u1 - u0))
+        x0, y0, x1, y1 = whole
+        crop = image[:, y0:y1, x0:x1].unsqueeze(0).float()
+        pixels = _resize(crop, (v1 - v0, u1 - u0), mode)
     else:
         # A fractional box comes from Resize + CenterCrop: resize the whole image, then crop whole pixels.
+        sx0, sy0, sx1, sy1 = source
         scale_x, scale_y = (u1 - u0) / (sx1 - sx0), (v1 - v0) / (sy1 - sy0)
-        full = _resize(image.unsqueeze(0).float(), (round(height * scale_y), round(width * scale_x)))
+        full = _resize(image.unsqueeze(0).float(), (round(height * scale_y), round(width * scale_x)), mode)
         top, left = round(sy0 * scale_y), round(sx0 * scale_x)
         pixels = full[:, :, top : top + v1 - v0, left : left + u1 - u0]
     out[:, v0:v1, u0:u1] = pixels.round_().clamp_(0, 255).to(torch.uint8)[0]
     return out.flip(-1) if plan.flip else out
 
 
-def _resize(batch: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    return torch.nn.functional.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)
+def _resize(batch: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
+    if mode.startswith("nearest"):
+        return torch.nn.functional.interpolate(batch, size=size, mode=mode)
+    return torch.nn.functional.interpolate(batch, size=size, mode=mode, antialias=True, align_corners=False)
 
 
 def _decode_on_cpu(item: Any) -> torch.Tensor:

@@ -26,13 +26,15 @@ The thread / shutdown protocol (DataLoaderX builds on it, so it is written down 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -86,7 +88,19 @@ class _Channel:
         self.drain()  # the producer may have put one last item before it saw the flag
 
 
-def _produce(holder: list[Iterator[object]], channel: _Channel, on_exit: Callable[[], None] | None) -> None:
+def _produce(
+    holder: list[Iterator[object]],
+    channel: _Channel,
+    on_exit: Callable[[], None] | None,
+    context: Callable[[], AbstractContextManager[Any]] | None,
+) -> None:
+    with context() if context is not None else contextlib.nullcontext():
+        _produce_items(holder, channel)
+    if on_exit is not None:
+        on_exit()
+
+
+def _produce_items(holder: list[Iterator[object]], channel: _Channel) -> None:
     # The source arrives in a list that is emptied here, so that Thread's saved arguments do not
     # keep it alive after this function lets go of it.
     source = holder.pop()
@@ -110,8 +124,6 @@ def _produce(holder: list[Iterator[object]], channel: _Channel, on_exit: Callabl
         del source
     if end is not None:
         channel.put(end)  # the consumer learns first; cleaning up may take seconds (stuck workers)
-    if on_exit is not None:
-        on_exit()
 
 
 class BackgroundGenerator(Iterator[T], Generic[T]):
@@ -132,6 +144,9 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
     done, after the end (or the error) was handed over: slow clean-up never delays the consumer.
     ``on_stall(seconds)`` (optional) is called by the waiting consumer each time a ``next()`` has
     waited another ``stall_after`` seconds for an item (a watchdog; it must not raise).
+    ``context`` (optional) makes the context manager the producer thread runs in: DataLoaderX makes
+    its CUDA device current there, so that a dataset or ``collate_fn`` run in that thread
+    (``num_workers=0``) allocates on the loader's GPU, not on cuda:0.
     """
 
     def __init__(
@@ -143,6 +158,7 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         on_exit: Callable[[], None] | None = None,
         stall_after: float | None = None,
         on_stall: Callable[[float], None] | None = None,
+        context: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1 (the queue is bounded), got {max_prefetch!r}")
@@ -155,7 +171,7 @@ class BackgroundGenerator(Iterator[T], Generic[T]):
         self._done = False
         thread = threading.Thread(
             target=_produce,
-            args=([iter(iterable)], self._channel, on_exit),
+            args=([iter(iterable)], self._channel, on_exit, context),
             name=name or "fastloader-prefetch",
             daemon=True,
         )

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_convert
 
-from fastloader.image.gpu_decode import decode_encoded
+from fastloader.image.gpu_decode import GpuDecoder
 from fastloader.loader.autotune import Auto, Choice, candidates, choose
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
@@ -61,10 +61,14 @@ class DataLoaderX(DataLoader[T_co]):
             on the GPU (on the CPU without CUDA).
         normalize_dtype: float32 (default), float16, bfloat16 or float64.
         channels_last: deliver normalized images in channels_last memory format.
-        random_flip: probability of flipping each image horizontally, on the device.
+        random_flip: probability of flipping each image horizontally, on the device; drawn from a
+            generator of the loader's own, seeded each epoch from torch's worker seed (so
+            ``torch.manual_seed`` or ``generator`` make it reproducible), never from the training loop's.
         decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream; the
             dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
-            encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning.
+            encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning. The
+            dataset's error policy applies to images no decoder can read; fallbacks to the CPU are
+            counted in ``stats()["gpu_decode"]`` (see ``fastloader.image.gpu_decode``).
         distributed: split a map-style dataset over the ranks (a ``fastloader.samplers.DistributedSampler``,
             a subclass of torch's, with ``shuffle``, ``seed`` and ``drop_last``) when neither ``sampler``
             nor ``batch_sampler`` is given. None (default): only when ``local_rank`` is given and more
@@ -206,6 +210,7 @@ class DataLoaderX(DataLoader[T_co]):
         self._normalize_spec = normalize_spec
         self._gpu_decode = gpu_decode
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
+        self._decoder: GpuDecoder | None = None  # decode_on="cuda": made with the copier
         self._live: weakref.ref[_PrefetchIterator] | None = None
 
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
@@ -249,9 +254,13 @@ class DataLoaderX(DataLoader[T_co]):
         finally:
             self._skip_batches, self._timing = 0, False
             self.collate_fn, self.worker_init_fn = collate_fn, init_fn
+        copier = self._get_copier()
+        self._reseed_flips(_flip_seed(source))
+        if self._decoder is not None and self.device.type == "cuda":
+            self._decoder.avoid(torch.cuda.current_stream(self.device))  # the training loop's stream
         iterator = _PrefetchIterator(
             source,
-            self._get_copier(),
+            copier,
             self.max_prefetch,
             owns_workers=not persistent,
             progress=progress,
@@ -260,6 +269,7 @@ class DataLoaderX(DataLoader[T_co]):
             report_every=self.report_every,
             stall_warning=self.stall_warning,
             stack_dir=self._stack_dir,
+            context=functools.partial(on_device, self.device),
         )
         self._live = weakref.ref(iterator)
         return iterator
@@ -298,9 +308,18 @@ class DataLoaderX(DataLoader[T_co]):
         if self._copier is None:
             spec = self._normalize_spec
             finish = Normalizer(spec, self.device) if spec is not None else None
-            prepare = functools.partial(decode_encoded, device=self.device) if self._gpu_decode else None
-            self._copier = CudaCopier(self.device, self.non_blocking, prepare, finish)
+            if self._gpu_decode:
+                self._decoder = GpuDecoder(self.device, self.dataset, self.collate_fn)
+            self._copier = CudaCopier(self.device, self.non_blocking, self._decoder, finish)
         return self._copier
+
+    def _reseed_flips(self, seed: int) -> None:
+        """Seed this epoch's ``random_flip`` draws, wherever they are made (see ``fastloader.loader.normalize``)."""
+        finish = self._copier.finish if self._copier is not None else None
+        if isinstance(finish, Normalizer):
+            finish.reseed(seed)
+        if isinstance(self.collate_fn, NormalizingCollate):
+            self.collate_fn.reseed(seed)
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``set_epoch`` to the sampler, the batch sampler (and its sampler) and the dataset."""
@@ -334,6 +353,7 @@ class DataLoaderX(DataLoader[T_co]):
         stats["batches_yielded"] = progress.batches if progress is not None else 0
         stats["num_workers"] = int(self.num_workers)
         stats["autotune"] = self._autotune.to_dict() if self._autotune is not None else None
+        stats["gpu_decode"] = self._decoder.counts.to_dict() if self._decoder is not None else None
         stats.update(self._stage_stats.summary())
         stats["verdict"] = judge(stats, self._setting()).to_dict()
         return stats
@@ -372,6 +392,7 @@ class DataLoaderX(DataLoader[T_co]):
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
         state["_copier"] = None
+        state["_decoder"] = None
         state["_live"] = None
         state["_cpu_meter"] = None
         state["_stack_dir"] = None
@@ -398,6 +419,7 @@ class _PrefetchIterator(Iterator[Any]):
         report_every: int | None = None,
         stall_warning: float | None = None,
         stack_dir: StackDir | None = None,
+        context: Callable[[], Any] | None = None,
     ) -> None:
         self._source = source
         self._progress = progress if progress is not None else Progress(0)
@@ -415,6 +437,7 @@ class _PrefetchIterator(Iterator[Any]):
             on_exit=functools.partial(_shutdown_workers, source) if owns_workers else None,
             stall_after=stall_warning,
             on_stall=functools.partial(_stalled, weakref.ref(source), stack_dir) if stall_warning else None,
+            context=context,
         )
 
     def __iter__(self) -> _PrefetchIterator:
@@ -514,6 +537,14 @@ def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageSta
     if timing is not None:
         stats.add_batch(timing)
     return item
+
+
+def _flip_seed(source: Iterator[Any]) -> int:
+    """This epoch's ``random_flip`` seed: derived from the seed torch's iterator drew for its workers
+    (from ``generator`` or the global generator, once per epoch, as torch's loader does), so no
+    extra draw shifts the training loop's random stream."""
+    base = int(getattr(source, "_base_seed", 0))
+    return (base * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63  # another stream than the workers' seeds
 
 
 def _provisional(num_workers: int | str, prefetch_factor: int | str | None) -> tuple[int, int | None]:

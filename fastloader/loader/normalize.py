@@ -2,7 +2,15 @@
 
 Workers send uint8 batches (4x fewer bytes through shared memory and PCIe than float32); the
 conversion to float (or bf16 / fp16), the normalization and an optional random horizontal flip
-run on the device, on the loader's side stream, right after the copy. Without CUDA the same
+run on the device, on the loader's side stream, right after the copy.
+
+The flips come from a generator of the loader's own, never from torch's global one: the global
+generator is the training loop's (dropout, its own augmentations), and a producer thread drawing
+from it at moments that depend on timing would make seeded runs irreproducible, and would break a
+CUDA graph being captured in the loop (torch checks that nothing else advances the generator it
+registered). DataLoaderX seeds it each epoch from the seed torch's iterator draws for its workers
+(so ``torch.manual_seed`` or the loader's ``generator`` decide the flips); in a worker it is seeded
+from the worker's seed. Without CUDA the same
 arithmetic runs on the CPU in the loader's thread, so one script gives the same values everywhere.
 
 Without CUDA, DataLoaderX normalizes in the collate step instead (:class:`NormalizingCollate`), in
@@ -66,15 +74,22 @@ class NormalizeSpec:
 class Normalizer:
     """Applies a :class:`NormalizeSpec` on one device, with its constants made once."""
 
-    def __init__(self, spec: NormalizeSpec, device: torch.device, shared: bool = False) -> None:
+    def __init__(self, spec: NormalizeSpec, device: torch.device, shared: bool = False, seed: int = 0) -> None:
         self.spec = spec
         self.device = device
         self.shared = shared  # write the output straight into shared memory (a worker's batch)
+        self._flips = torch.Generator(device=device) if spec.flip_p > 0 else None  # the loader's own
+        self.reseed(seed)
         std = torch.tensor(spec.std, dtype=torch.float32, device=device)
         mean = torch.tensor(spec.mean, dtype=torch.float32, device=device)
         # x / 255 then (x - mean) / std, as ToTensor + Normalize, folded into one multiply-add.
         self._scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1).to(spec.dtype)
         self._shift = (-mean / std).view(1, -1, 1, 1).to(spec.dtype)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the flips' random stream from ``seed`` (DataLoaderX: each epoch)."""
+        if self._flips is not None:
+            self._flips.manual_seed(seed)
 
     def __call__(self, batch: Any) -> Any:
         return map_tensors(batch, self._apply)
@@ -86,7 +101,8 @@ class Normalizer:
         if not self._is_image_batch(tensor):
             return tensor
         if self.spec.flip_p > 0:
-            flip = torch.rand(tensor.shape[0], device=tensor.device) < self.spec.flip_p
+            flip = torch.rand(tensor.shape[0], device=self.device, generator=self._flips) < self.spec.flip_p
+            flip = flip.to(tensor.device)
             tensor = torch.where(flip.view(-1, 1, 1, 1), tensor.flip(-1), tensor)
         # Reorder the uint8 pixels (1 byte each) before widening them, then scale in place: 2.5x
         # faster on the CPU than widening first and reordering floats (measured).
@@ -108,16 +124,24 @@ class NormalizingCollate:
     def __init__(self, inner: Callable[[Any], Any], spec: NormalizeSpec) -> None:
         self.inner = inner
         self.spec = spec
+        self._seed = 0  # the main process's flip seed (num_workers=0), set each epoch by DataLoaderX
         self._normalizer: Normalizer | None = None  # made in the process that uses it
+
+    def reseed(self, seed: int) -> None:
+        """The flip seed of this epoch in the main process (workers seed from their own seed)."""
+        self._seed = seed
+        if self._normalizer is not None and get_worker_info() is None:
+            self._normalizer.reseed(seed)
 
     def __call__(self, batch: Any) -> Any:
         if self._normalizer is None:
-            in_worker = get_worker_info() is not None
-            self._normalizer = Normalizer(self.spec, torch.device("cpu"), shared=in_worker)
+            worker = get_worker_info()
+            seed = self._seed if worker is None else worker.seed
+            self._normalizer = Normalizer(self.spec, torch.device("cpu"), shared=worker is not None, seed=seed)
         return self._normalizer(self.inner(batch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"inner": self.inner, "spec": self.spec, "_normalizer": None}
+        return {"inner": self.inner, "spec": self.spec, "_seed": self._seed, "_normalizer": None}
 
 
 def _shared_like(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

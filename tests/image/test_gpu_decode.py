@@ -4,8 +4,11 @@ The nvJPEG path itself is tested in tests/gpu/."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,10 +16,19 @@ import torch
 from PIL import Image
 
 from fastloader import transforms as T
-from fastloader.image.batching import EncodedImage
+from fastloader.datasets import ImageFolder
+from fastloader.errors import DecodeError
+from fastloader.image.batching import EncodedImage, collate
 from fastloader.image.decode import decode_plan
-from fastloader.image.geometry import CropPlan
-from fastloader.image.gpu_decode import decode_batch, decode_encoded, is_encoded_batch
+from fastloader.image.geometry import CropPlan, visible_region, whole_box
+from fastloader.image.gpu_decode import (
+    GpuDecoder,
+    _crop_resize,
+    _raise_if_out_of_memory,
+    decode_batch,
+    decode_encoded,
+    is_encoded_batch,
+)
 from fastloader.sample import make_sample_folder
 
 CPU = torch.device("cpu")
@@ -84,3 +96,144 @@ def test_an_unreadable_image_names_its_key(tmp_path: Path) -> None:
     items = [EncodedImage(b"\xff\xd8 not really a jpeg", CropPlan((0, 0, 8, 8), (8, 8), False), "bad/001.jpg")]
     with pytest.raises(Exception, match="bad/001.jpg"):
         decode_batch(items, CPU)
+
+
+def noisy_plans(count: int) -> list[tuple[int, int, CropPlan]]:
+    """RandomResizedCrop plans whose visible region has float noise in a whole-pixel edge (232.00000000000003):
+    about 2.5% of all plans on varied image sizes."""
+    generator = torch.Generator().manual_seed(0)
+    transform = T.Compose([T.RandomResizedCrop(224)])
+    found = []
+    while len(found) < count:
+        width, height = (int(v) for v in torch.randint(200, 1600, (2,), generator=generator))
+        plan = transform.plan(width, height)
+        region = visible_region(plan, width, height)
+        assert region is not None
+        if not all(float(edge).is_integer() for edge in region[0]):
+            found.append((width, height, plan))
+    return found
+
+
+def test_float_noise_in_a_whole_pixel_box_crops_then_resizes_as_the_cpu_path() -> None:
+    # 2.4% of RandomResizedCrop images used to take the resize-then-crop branch on the GPU (6 levels off).
+    for width, height, plan in noisy_plans(12):
+        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
+        x0, y0, x1, y1 = plan.box
+        expected = torch.nn.functional.interpolate(
+            image[:, y0:y1, x0:x1].unsqueeze(0).float(), size=plan.size, mode="bilinear", antialias=True
+        )
+        expected = expected.round_().clamp_(0, 255).to(torch.uint8)[0]
+        assert torch.equal(_crop_resize(image, plan), expected), plan
+
+
+def test_the_cpu_decoder_crops_noisy_boxes_as_whole_pixels_too() -> None:
+    assert whole_box((191.0, 0.0, 457.0, 232.00000000000003)) == (191, 0, 457, 232)
+    assert whole_box((10.9999999999999, 0.0, 20.0, 5.0)) == (11, 0, 20, 5)
+    assert whole_box((10.5, 0.0, 20.0, 5.0)) is None
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear", "bicubic"])
+def test_each_image_follows_its_plans_filter(photos: list[bytes], interpolation: str) -> None:
+    transform = T.Compose([T.Resize(160, interpolation=interpolation), T.CenterCrop(144)])
+    items = [encode(data, transform) for data in photos[:12]]
+    got = decode_batch(items, CPU).float()
+    expected = cpu_reference(items).float()
+    per_image = (got - expected).abs().mean(dim=(1, 2, 3))
+    # Per image, not per batch: one bad image must not hide behind good ones.
+    assert per_image.max() < 1.0, f"{interpolation}: worst image {per_image.max():.2f} levels from the CPU path"
+    if interpolation != "bilinear":
+        bilinear = [EncodedImage(i.data, dataclasses.replace(i.plan, interpolation="bilinear"), i.key) for i in items]
+        other = (decode_batch(bilinear, CPU).float() - expected).abs().mean(dim=(1, 2, 3))
+        assert other.mean() > per_image.mean() + 0.3, "the filter made no difference: is the plan's filter ignored?"
+
+
+@pytest.mark.parametrize("interpolation", ["box", "hamming", "lanczos"])
+def test_filters_without_a_gpu_equivalent_are_refused_for_gpu_decode(tmp_path: Path, interpolation: str) -> None:
+    root = make_sample_folder(tmp_path / "data", 4, num_classes=1)
+    dataset = ImageFolder(root, transform=T.Compose([T.Resize(64, interpolation=interpolation), T.CenterCrop(64)]))
+    with pytest.raises(ValueError, match=interpolation):
+        dataset.set_decode_device("cuda")
+    assert dataset.decode_device == "cpu"
+
+
+def test_out_of_memory_is_never_taken_for_a_bad_image() -> None:
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        _raise_if_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(RuntimeError, match="ALLOCATOR_FAILURE"):
+        _raise_if_out_of_memory(RuntimeError("nvjpegDecodeBatched failed: NVJPEG_STATUS_ALLOCATOR_FAILURE"))
+    _raise_if_out_of_memory(RuntimeError("Corrupt JPEG data: premature end of data segment"))  # a bad image
+
+
+@pytest.fixture
+def folder_with_a_truncated_jpeg(tmp_path: Path) -> tuple[Path, int]:
+    root = make_sample_folder(tmp_path / "data", 64, num_classes=2)
+    paths = sorted(root.glob("*/*.jpg"))
+    plain = [i for i, path in enumerate(paths) if Image.open(path).mode == "RGB" and Image.open(path).format == "JPEG"]
+    bad = plain[len(plain) // 2]
+    data = paths[bad].read_bytes()
+    paths[bad].write_bytes(data[: len(data) // 2])  # the header survives: the worker cannot tell
+    return root, bad
+
+
+def gpu_mode_batch(dataset: ImageFolder, indices: list[int]) -> Any:
+    return collate(dataset.__getitems__(indices))
+
+
+def test_one_truncated_jpeg_is_replaced_under_the_replace_policy(
+    folder_with_a_truncated_jpeg: tuple[Path, int],
+) -> None:
+    root, bad = folder_with_a_truncated_jpeg
+    transform = T.Compose([T.Resize(72), T.CenterCrop(64)])
+    dataset = ImageFolder(root, transform=transform)
+    dataset.set_decode_device("cuda")
+    dataset.set_error_policy("replace", quarantine=root.parent / "bad.tsv")
+    decoder = GpuDecoder(CPU, dataset, collate)
+    indices = list(range(64))
+    images, labels = decoder(gpu_mode_batch(dataset, indices))
+    assert images.shape == (64, 3, 64, 64) and labels.shape == (64,)
+    substitute, label = dataset[bad + 1]
+    # The truncated image's row holds the next sample, image and label together; the others are untouched.
+    assert torch.equal(images[bad], cpu_reference([substitute])[0]) and int(labels[bad]) == label
+    good = [i for i in indices if i != bad]
+    expected = cpu_reference([dataset[i][0] for i in good]).float()
+    per_image = (images[good].float() - expected).abs().mean(dim=(1, 2, 3))
+    assert per_image.max() < 3.0  # resampler differences (DCT scaling on the CPU); a wrong image is > 20
+    assert decoder.counts.batch_retries == 1 and decoder.counts.bad == 1
+    assert decoder.counts.on_gpu == 63 - decoder.counts.on_cpu + 1  # every good image decoded once
+    assert [sample.position for sample in dataset.error_policy.bad_samples()] == [bad]
+
+
+def test_one_truncated_jpeg_is_dropped_from_every_column_under_skip(
+    folder_with_a_truncated_jpeg: tuple[Path, int],
+) -> None:
+    root, bad = folder_with_a_truncated_jpeg
+    dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
+    dataset.set_decode_device("cuda")
+    dataset.set_error_policy("skip", quarantine=root.parent / "bad.tsv")
+    images, labels = GpuDecoder(CPU, dataset, collate)(gpu_mode_batch(dataset, list(range(64))))
+    expected_labels = [dataset.source.label(i) for i in range(64) if i != bad]
+    assert images.shape[0] == 63 and labels.tolist() == expected_labels
+
+
+def test_one_truncated_jpeg_raises_naming_its_file_by_default(folder_with_a_truncated_jpeg: tuple[Path, int]) -> None:
+    root, bad = folder_with_a_truncated_jpeg
+    dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
+    dataset.set_decode_device("cuda")
+    with pytest.raises(DecodeError, match=dataset.source.key(bad)):
+        GpuDecoder(CPU, dataset, collate)(gpu_mode_batch(dataset, list(range(64))))
+
+
+def test_fallbacks_are_logged_once_and_counted(
+    folder_with_a_truncated_jpeg: tuple[Path, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    root, _ = folder_with_a_truncated_jpeg
+    dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
+    dataset.set_decode_device("cuda")
+    dataset.set_error_policy("replace", quarantine=root.parent / "bad.tsv")
+    decoder = GpuDecoder(CPU, dataset, collate)
+    with caplog.at_level(logging.WARNING, logger="fastloader"):
+        for _ in range(3):
+            decoder(gpu_mode_batch(dataset, list(range(64))))
+    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retries) == 1 and decoder.counts.batch_retries == 3 and decoder.counts.bad == 3
+    assert decoder.counts.images == 192

@@ -351,3 +351,33 @@ def test_gpu_decode_is_per_loader_and_leaves_the_users_dataset_alone(tmp_path: A
     assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, 48, 48)
     same, gpu = _dataset_for_decode(dataset, "cpu", torch.device("cuda"))
     assert same is dataset and not gpu
+
+
+def test_with_num_workers_0_the_dataset_runs_in_the_loaders_device_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without workers the dataset and collate_fn run in the producer thread: a ``.cuda()`` there must
+    # land on the loader's device (cuda:local_rank), so the thread runs inside ``on_device``. Recorded
+    # here with a stand-in context, since this machine has no GPU (tests/gpu checks the real one).
+    import contextlib
+    import threading
+
+    from fastloader.loader import dataloader as module
+
+    current = threading.local()
+
+    @contextlib.contextmanager
+    def recording(device: torch.device) -> Iterator[None]:
+        current.device = device
+        try:
+            yield
+        finally:
+            current.device = None
+
+    monkeypatch.setattr(module, "on_device", recording)
+    seen: list[Any] = []
+
+    def collate(batch: list[int]) -> list[int]:
+        seen.append(("collate", getattr(current, "device", None), threading.current_thread().name))
+        return batch
+
+    list(DataLoaderX(Counting(6), batch_size=2, device="cpu", collate_fn=collate))
+    assert seen == [("collate", torch.device("cpu"), "fastloader-dataloaderx")] * 3

@@ -109,3 +109,57 @@ def test_a_loader_rebuilt_from_its_attributes_normalizes_once() -> None:
     kwargs.update(sampler=None, batch_sampler=None, multiprocessing_context=None)
     rebuilt = DataLoaderX(**kwargs)
     torch.testing.assert_close(next(iter(rebuilt))[0], next(iter(loader))[0])
+
+
+def flips(images: torch.Tensor, raw: torch.Tensor) -> list[bool]:
+    """Which images of a delivered batch are flipped (by comparing with the unflipped reference)."""
+    return [not torch.allclose(images[i], reference(raw[i : i + 1])[0], atol=1e-5) for i in range(len(raw))]
+
+
+def epoch_of_flips(num_workers: int, draw_in_loop: bool) -> list[bool]:
+    raw = torch.stack([UInt8Images()[i][0] for i in range(24)])
+    loader = DataLoaderX(UInt8Images(), batch_size=8, normalize=(MEAN, STD), random_flip=0.5, num_workers=num_workers)
+    seen: list[bool] = []
+    for images, labels in loader:
+        if draw_in_loop:
+            torch.rand(1000)  # the training loop's own random numbers (dropout, augmentations)
+        seen += flips(images, raw[labels])
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_random_flip_is_reproducible_whatever_the_training_loop_draws(num_workers: int) -> None:
+    torch.manual_seed(1)
+    quiet = epoch_of_flips(num_workers, draw_in_loop=False)
+    torch.manual_seed(1)
+    busy = epoch_of_flips(num_workers, draw_in_loop=True)
+    assert quiet == busy and 4 <= sum(quiet) <= 20
+    torch.manual_seed(2)
+    assert epoch_of_flips(num_workers, draw_in_loop=False) != quiet  # the seed decides them
+
+
+def test_random_flip_leaves_the_global_random_stream_as_torchs_loader_does() -> None:
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(3)
+    for _ in DataLoader(UInt8Images(), batch_size=8):
+        pass
+    after_torch = torch.get_rng_state()
+    torch.manual_seed(3)
+    for _ in DataLoaderX(UInt8Images(), batch_size=8, normalize=(MEAN, STD), random_flip=0.5):
+        pass
+    assert torch.equal(torch.get_rng_state(), after_torch)
+
+
+def test_a_normalizer_draws_flips_from_its_own_generator() -> None:
+    spec = NormalizeSpec.create((MEAN, STD), torch.float32, False, 0.5)
+    assert spec is not None
+    images = torch.randint(0, 256, (64, 3, 2, 5), dtype=torch.uint8)
+    state = torch.get_rng_state()
+    first = Normalizer(spec, torch.device("cpu"), seed=7)(images)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(Normalizer(spec, torch.device("cpu"), seed=7)(images), first)
+    again = Normalizer(spec, torch.device("cpu"), seed=8)
+    assert not torch.equal(again(images), first)
+    again.reseed(7)
+    assert torch.equal(again(images), first)
