@@ -202,7 +202,8 @@ def env() -> dict[str, Any]:
 
     from fastloader.image import jpeg_ext
 
-    found = {name: importlib.util.find_spec(name) is not None for name in ("lmdb", "crc32c", "psutil", "pytest")}
+    carried = ("lmdb", "crc32c", "psutil", "tqdm", "pytest")  # what fastloader and the steps need beyond torch
+    found = {name: importlib.util.find_spec(name) is not None for name in carried}
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -23,8 +23,13 @@ T0=$(date +%s)
 BUDGET=${GLC_BUDGET:-500}  # seconds; give the run call a timeout_s of about BUDGET + 40
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
-# fastloader imports lmdb and crc32c, iterating a DataLoaderX imports psutil, and the pytest step needs
-# pytest: none of them comes with torch.
+# None of these comes with torch: fastloader.datasets imports lmdb and crc32c, ImageFolder's first scan
+# tqdm, iterating a DataLoaderX psutil; the pytest step needs pytest (+ pluggy, iniconfig, packaging, pygments).
+# On a machine with internet, from the repo root (pins: the versions this project is tested with):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     lmdb==3.0.0 crc32c==2.9.post0 psutil==7.2.2 tqdm==4.70.1 \
+#     pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
 if [ "${GLC_WHEELS:-1}" != 0 ] && ls .whl/*.whl >/dev/null 2>&1; then
   mkdir -p /tmp/site
   if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then

@@ -48,7 +48,7 @@ def test_smoke_run_of_cheap_steps_writes_one_json_line_per_step(tmp_path: Path) 
 
     assert results["sample"]["images"] == 24
     assert results["env"]["device"] == "cpu" and results["env"]["small"] is True
-    assert set(results["env"]["modules"]) == {"lmdb", "crc32c", "psutil", "pytest"}
+    assert set(results["env"]["modules"]) == {"lmdb", "crc32c", "psutil", "tqdm", "pytest"}
     rng = results["rng"]
     assert rng["flips_reproducible"] and rng["flips_differ_for_another_seed"] and rng["flips_differ_between_epochs"]
     assert rng["loop_dropout_masks_reproducible"] and rng["cuda_rng_untouched_by_loader"] is None
