@@ -277,10 +277,19 @@ def _collate(samples: list[Any]) -> Any:
 
 
 def _gpu_decodable(item: Any) -> bool:
-    """A plain JPEG (nvJPEG decodes it to RGB correctly) whose plan's filter the GPU has."""
-    if item.plan.interpolation not in GPU_FILTERS:
+    """A complete, plain JPEG (nvJPEG decodes it to RGB correctly) whose plan's filter the GPU has."""
+    if item.plan.interpolation not in GPU_FILTERS or not _ends_with_eoi(item.data):
         return False
     return bool(item.header.plain_jpeg) if item.header is not None else _plain_jpeg(item.data)
+
+
+def _ends_with_eoi(data: bytes) -> bool:
+    """The end-of-image marker near the end: a truncated file lacks it. nvJPEG may decode a truncated
+    file without an error, grey where the data stops, where the CPU path reports it as bad: such
+    files go to the CPU, so both paths agree on what a bad sample is. (In entropy-coded data 0xFF is
+    always followed by 0x00 or a restart marker, so FF D9 there is the marker; a few bytes of padding
+    after it are common.)"""
+    return b"\xff\xd9" in data[-32:]
 
 
 def _plain_jpeg(data: bytes) -> bool:

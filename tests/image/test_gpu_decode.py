@@ -24,6 +24,7 @@ from fastloader.image.geometry import CropPlan, visible_region, whole_box
 from fastloader.image.gpu_decode import (
     GpuDecoder,
     _crop_resize,
+    _gpu_decodable,
     _raise_if_out_of_memory,
     decode_batch,
     decode_encoded,
@@ -165,13 +166,15 @@ def test_out_of_memory_is_never_taken_for_a_bad_image() -> None:
 
 
 @pytest.fixture
-def folder_with_a_truncated_jpeg(tmp_path: Path) -> tuple[Path, int]:
+def folder_with_a_corrupt_jpeg(tmp_path: Path) -> tuple[Path, int]:
     root = make_sample_folder(tmp_path / "data", 64, num_classes=2)
     paths = sorted(root.glob("*/*.jpg"))
     plain = [i for i, path in enumerate(paths) if Image.open(path).mode == "RGB" and Image.open(path).format == "JPEG"]
     bad = plain[len(plain) // 2]
-    data = paths[bad].read_bytes()
-    paths[bad].write_bytes(data[: len(data) // 2])  # the header survives: the worker cannot tell
+    data = bytearray(paths[bad].read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 200] = b"\xff" * 200  # header and end marker intact: only a decode can tell
+    paths[bad].write_bytes(bytes(data))
     return root, bad
 
 
@@ -179,10 +182,10 @@ def gpu_mode_batch(dataset: ImageFolder, indices: list[int]) -> Any:
     return collate(dataset.__getitems__(indices))
 
 
-def test_one_truncated_jpeg_is_replaced_under_the_replace_policy(
-    folder_with_a_truncated_jpeg: tuple[Path, int],
+def test_one_corrupt_jpeg_is_replaced_under_the_replace_policy(
+    folder_with_a_corrupt_jpeg: tuple[Path, int],
 ) -> None:
-    root, bad = folder_with_a_truncated_jpeg
+    root, bad = folder_with_a_corrupt_jpeg
     transform = T.Compose([T.Resize(72), T.CenterCrop(64)])
     dataset = ImageFolder(root, transform=transform)
     dataset.set_decode_device("cuda")
@@ -192,7 +195,7 @@ def test_one_truncated_jpeg_is_replaced_under_the_replace_policy(
     images, labels = decoder(gpu_mode_batch(dataset, indices))
     assert images.shape == (64, 3, 64, 64) and labels.shape == (64,)
     substitute, label = dataset[bad + 1]
-    # The truncated image's row holds the next sample, image and label together; the others are untouched.
+    # The corrupt image's row holds the next sample, image and label together; the others are untouched.
     assert torch.equal(images[bad], cpu_reference([substitute])[0]) and int(labels[bad]) == label
     good = [i for i in indices if i != bad]
     expected = cpu_reference([dataset[i][0] for i in good]).float()
@@ -203,10 +206,10 @@ def test_one_truncated_jpeg_is_replaced_under_the_replace_policy(
     assert [sample.position for sample in dataset.error_policy.bad_samples()] == [bad]
 
 
-def test_one_truncated_jpeg_is_dropped_from_every_column_under_skip(
-    folder_with_a_truncated_jpeg: tuple[Path, int],
+def test_one_corrupt_jpeg_is_dropped_from_every_column_under_skip(
+    folder_with_a_corrupt_jpeg: tuple[Path, int],
 ) -> None:
-    root, bad = folder_with_a_truncated_jpeg
+    root, bad = folder_with_a_corrupt_jpeg
     dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
     dataset.set_decode_device("cuda")
     dataset.set_error_policy("skip", quarantine=root.parent / "bad.tsv")
@@ -215,8 +218,8 @@ def test_one_truncated_jpeg_is_dropped_from_every_column_under_skip(
     assert images.shape[0] == 63 and labels.tolist() == expected_labels
 
 
-def test_one_truncated_jpeg_raises_naming_its_file_by_default(folder_with_a_truncated_jpeg: tuple[Path, int]) -> None:
-    root, bad = folder_with_a_truncated_jpeg
+def test_one_corrupt_jpeg_raises_naming_its_file_by_default(folder_with_a_corrupt_jpeg: tuple[Path, int]) -> None:
+    root, bad = folder_with_a_corrupt_jpeg
     dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
     dataset.set_decode_device("cuda")
     with pytest.raises(DecodeError, match=dataset.source.key(bad)):
@@ -224,9 +227,9 @@ def test_one_truncated_jpeg_raises_naming_its_file_by_default(folder_with_a_trun
 
 
 def test_fallbacks_are_logged_once_and_counted(
-    folder_with_a_truncated_jpeg: tuple[Path, int], caplog: pytest.LogCaptureFixture
+    folder_with_a_corrupt_jpeg: tuple[Path, int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    root, _ = folder_with_a_truncated_jpeg
+    root, _ = folder_with_a_corrupt_jpeg
     dataset = ImageFolder(root, transform=T.Compose([T.Resize(72), T.CenterCrop(64)]))
     dataset.set_decode_device("cuda")
     dataset.set_error_policy("replace", quarantine=root.parent / "bad.tsv")
@@ -237,3 +240,16 @@ def test_fallbacks_are_logged_once_and_counted(
     retries = [r for r in caplog.records if "retrying" in r.getMessage()]
     assert len(retries) == 1 and decoder.counts.batch_retries == 3 and decoder.counts.bad == 3
     assert decoder.counts.images == 192
+
+
+def test_a_truncated_jpeg_never_reaches_nvjpeg(photos: list[bytes]) -> None:
+    # nvJPEG may decode a truncated file without an error (grey where the data stops); the CPU path
+    # rejects it: such files go to the CPU so that both paths agree on what a bad sample is.
+    transform = T.Compose([T.CenterCrop(32)])
+    whole, cut, padded = photos[0], photos[0][: len(photos[0]) // 2], photos[0] + b"\x00" * 8
+    assert _gpu_decodable(encode(whole, transform)) and _gpu_decodable(encode(padded, transform))
+    assert not _gpu_decodable(encode(cut, transform))
+    decoder = GpuDecoder(CPU)
+    _, bad = decoder.decode([encode(whole, transform), encode(cut, transform, key="cut.jpg")])
+    assert [(row, "cut.jpg" in str(error)) for row, error in bad] == [(1, True)]
+    assert decoder.counts.batch_retries == 0  # found before the batched call, not by its failure
