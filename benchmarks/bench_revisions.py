@@ -2,13 +2,16 @@
 
 Each measurement runs in a fresh interpreter importing fastloader from one tree: the current checkout
 ("after") and a worktree of ``--before`` (built from git, with this checkout's compiled JPEG
-extension). Two figures, medians over ``--repeats`` pairs:
+extension). Three figures, medians over ``--repeats`` pairs, for ``--pipeline train``
+(RandomResizedCrop(224) + flip, the default) or ``eval`` (Resize(256) + CenterCrop(224)):
 
-- ``loader``: LMDBDataset + train transform (RandomResizedCrop(224) + flip) + DataLoaderX, batch 256,
-  2 persistent workers, images/s over two epochs after a warm-up epoch;
+- ``loader``: LMDBDataset + the transform + DataLoaderX, batch 256, 2 persistent workers, images/s
+  over two epochs after a warm-up epoch;
+- ``batches``: the same dataset's ``__getitems__`` + collate in this one process, batch 256 (what a
+  worker does per batch, without the hand-off), images/s over one pass after a warm-up pass;
 - ``single_thread``: the fused decode + crop + resize of 2,000 images in one thread, images/s.
 
-    python benchmarks/bench_revisions.py --before 7aec7b3 --lmdb data/bench-5000-256.lmdb
+    python benchmarks/bench_revisions.py --before 7aec7b3 --lmdb data/bench-5000-256.lmdb [--pipeline eval]
 """
 
 from __future__ import annotations
@@ -25,13 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
+PIPELINES = {
+    "train": "T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])",
+    "eval": "T.Compose([T.Resize(256), T.CenterCrop(224)])",
+}
+
 LOADER = r"""
 import sys, time, torch
 torch.set_num_threads(1)
 from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
-dataset = LMDBDataset(sys.argv[1], transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+dataset = LMDBDataset(sys.argv[1], transform=eval(sys.argv[2]))
 loader = DataLoaderX(dataset, batch_size=256, shuffle=True, num_workers=2, persistent_workers=True)
 for _ in loader:
     pass
@@ -42,13 +50,29 @@ for _ in range(2):
 print(seen / (time.perf_counter() - start))
 """
 
+BATCHES = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+from fastloader import transforms as T
+from fastloader.datasets import LMDBDataset
+from fastloader.image.batching import collate
+dataset = LMDBDataset(sys.argv[1], transform=eval(sys.argv[2]))
+batches = [list(range(start, min(start + 256, len(dataset)))) for start in range(0, len(dataset), 256)]
+for indices in batches[:4]:
+    collate(dataset.__getitems__(indices))
+start = time.perf_counter()
+for indices in batches:
+    collate(dataset.__getitems__(indices))
+print(len(dataset) / (time.perf_counter() - start))
+"""
+
 SINGLE_THREAD = r"""
 import sys, time
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
 source = LMDBDataset(sys.argv[1]).source
 blobs = [source.read(i) for i in range(min(2000, len(source)))]
-transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+transform = eval(sys.argv[2])
 start = time.perf_counter()
 for blob in blobs:
     transform(blob)
@@ -66,9 +90,10 @@ def worktree(revision: str) -> Path:
     return path
 
 
-def rate(code: str, tree: Path, lmdb: str) -> float:
+def rate(code: str, tree: Path, lmdb: str, pipeline: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, "-c", code, lmdb], env=env, capture_output=True, text=True, check=True)
+    command = [sys.executable, "-c", code, lmdb, PIPELINES[pipeline]]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return float(done.stdout.split()[-1])
 
 
@@ -76,16 +101,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the git revision to compare with")
     parser.add_argument("--lmdb", required=True, help="a fastloader LMDB (benchmarks/bench_pipeline.py makes some)")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="train")
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--out", default=str(RESULTS / "revisions.json"))
+    parser.add_argument("--out", help="default: benchmarks/results/revisions.json (train), revisions-eval.json")
     args = parser.parse_args()
+    args.out = args.out or str(RESULTS / ("revisions.json" if args.pipeline == "train" else "revisions-eval.json"))
     trees = {"before": worktree(args.before), "after": ROOT}
-    result: dict[str, object] = {"benchmark": "revisions", "before": args.before, "lmdb": args.lmdb}
-    for name, code in (("loader", LOADER), ("single_thread", SINGLE_THREAD)):
+    result: dict[str, object] = {
+        "benchmark": "revisions",
+        "before": args.before,
+        "lmdb": args.lmdb,
+        "pipeline": args.pipeline,
+        "transform": PIPELINES[args.pipeline],
+    }
+    for name, code in (("loader", LOADER), ("batches", BATCHES), ("single_thread", SINGLE_THREAD)):
         runs: dict[str, list[float]] = {"before": [], "after": []}
         for _ in range(args.repeats):  # A B A B
             for side, tree in trees.items():
-                runs[side].append(rate(code, tree, args.lmdb))
+                runs[side].append(rate(code, tree, args.lmdb, args.pipeline))
         medians = {side: statistics.median(values) for side, values in runs.items()}
         spread = {side: (min(values), max(values)) for side, values in runs.items()}
         ratio = medians["after"] / medians["before"]
