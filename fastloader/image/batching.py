@@ -82,7 +82,7 @@ def _madvise() -> Callable[[int, int, int], int] | None:
         return None
     function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def _populate(buffer: torch.Tensor) -> None:
