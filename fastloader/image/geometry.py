@@ -15,6 +15,7 @@ affine map from the current (virtual) image's pixel coordinates back to source p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,15 +88,19 @@ def random_resized_crop_box(
     """
     area = height * width
     # float32 logs and exps, as torchvision computes them: the boxes must match bit for bit.
-    log_lo, log_hi = torch.log(torch.tensor([ratio[0], ratio[1]])).tolist()
+    log_lo, log_hi = _log_ratio(ratio[0], ratio[1])
+    # One scratch tensor of each dtype, drawn into in place: the same kernels and the same draws as
+    # torchvision's torch.empty(1).uniform_, torch.exp and torch.randint (which is empty().random_),
+    # for half the time (this runs once per image, and the tensor allocations dominated it).
+    draw, index = torch.empty(1), torch.empty(1, dtype=torch.int64)
     for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
-        aspect = torch.exp(torch.empty(1).uniform_(log_lo, log_hi, generator=generator)).item()
+        target_area = area * draw.uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = draw.uniform_(log_lo, log_hi, generator=generator).exp_().item()
         w = int(round(math.sqrt(target_area * aspect)))
         h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            i = int(torch.randint(0, height - h + 1, size=(1,), generator=generator).item())
-            j = int(torch.randint(0, width - w + 1, size=(1,), generator=generator).item())
+            i = int(index.random_(0, height - h + 1, generator=generator).item())
+            j = int(index.random_(0, width - w + 1, generator=generator).item())
             return j, i, j + w, i + h
     # Fallback to a central crop of the nearest allowed aspect ratio.
     in_ratio = float(width) / float(height)
@@ -107,6 +112,13 @@ def random_resized_crop_box(
         w, h = width, height
     i, j = (height - h) // 2, (width - w) // 2
     return j, i, j + w, i + h
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: torch.tensor makes float64 of numpy float64s
+def _log_ratio(low: float, high: float) -> tuple[float, float]:
+    """torchvision's ``torch.log(torch.tensor(ratio))`` as Python floats: a constant of each transform."""
+    log_lo, log_hi = torch.log(torch.tensor([low, high])).tolist()
+    return log_lo, log_hi
 
 
 def resize_size(width: int, height: int, size: int | Sequence[int], max_size: int | None = None) -> tuple[int, int]:

@@ -34,6 +34,18 @@ def test_same_seed_same_box_as_torchvision(width: int, height: int, scale, ratio
         assert random_resized_crop_box(width, height, scale, ratio) == (j, i, j + w, i + h)
 
 
+@pytest.mark.parametrize("ratio", [(3 / 4, 4 / 3), (np.float64(3 / 4), np.float64(4 / 3)), (1, 2)])
+def test_a_stream_of_boxes_stays_in_step_with_torchvision(ratio) -> None:
+    """One seed, many images: every call draws exactly what get_params draws (the ratio's logs are
+    cached per ratio and per type: torch.tensor keeps numpy float64s in float64, ints become floats)."""
+    sizes = SIZES * 25
+    torch.manual_seed(11)
+    theirs = [tv.RandomResizedCrop.get_params(torch.empty(1, h, w), [0.08, 1.0], list(ratio)) for w, h in sizes]
+    torch.manual_seed(11)
+    ours = [random_resized_crop_box(w, h, (0.08, 1.0), ratio) for w, h in sizes]
+    assert ours == [(j, i, j + w, i + h) for i, j, h, w in theirs]
+
+
 def test_a_generator_replaces_the_global_rng() -> None:
     first = [random_resized_crop_box(500, 375, generator=torch.Generator().manual_seed(3)) for _ in range(3)]
     assert len(set(first)) == 1
