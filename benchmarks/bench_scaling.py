@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torchvision
+from bench_pipeline import children  # a sibling script: benchmarks/ is on sys.path when run
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -70,17 +71,6 @@ def memory_kb(pid: int) -> dict[str, int]:
     except OSError:
         return {}
     return {"uss": fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0), "pss": fields.get("Pss", 0)}
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as file:
-                found += [int(child) for child in file.read().split()]
-        except OSError:
-            continue
-    return found
 
 
 class PeakMemory:
