@@ -371,6 +371,7 @@ class DataLoaderX(DataLoader[T_co]):
             to_gpu=self.device.type == "cuda",
             cores_busy=busy,
             small_files=source in ("FolderSource", "FileListSource"),
+            gpu_decode=self._decoder.counts.to_dict() if self._decoder is not None else None,
         )
 
     def state_dict(self) -> dict[str, int]:

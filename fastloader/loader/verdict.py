@@ -34,6 +34,9 @@ class Setting:
     to_gpu: bool = False
     cores_busy: float | None = None  # mean use of the usable cores, 0..1, over the measured time
     small_files: bool = False  # an image folder or file list: one file per image
+    # decode_on="cuda": the decoder's counts (fastloader.image.gpu_decode.DecodeCounts); the decode then
+    # runs in the producer thread and is timed as part of h2d
+    gpu_decode: Mapping[str, int] | None = None
 
 
 @dataclass
@@ -129,7 +132,30 @@ def _advice(bottleneck: str | None, setting: Setting) -> list[str]:
             "the hand-off to the training process is the limit: send uint8 batches (fastloader.transforms, and"
             " normalize=(mean, std) on DataLoaderX normalizes after the copy): 4x fewer bytes than float32"
         ]
-    # h2d: the copy to the GPU
+    # h2d: the copy to the GPU (and, with decode_on="cuda", the decode)
+    if setting.gpu_decode is not None:
+        return [_gpu_decode_advice(setting.gpu_decode)]
     if not setting.pin_memory:
         return ["the copy is not overlapped: pin_memory=True lets it run on the side stream while the GPU computes"]
     return ["the copy to the GPU is the limit: send uint8 batches (4x fewer bytes than float32), normalize on the GPU"]
+
+
+def _gpu_decode_advice(counts: Mapping[str, int]) -> str:
+    """What to do when the GPU decode (nvJPEG, then crop and resize, in the producer thread) is the limit."""
+    images = counts.get("images", 0)
+    on_cpu = counts.get("on_cpu", 0) + counts.get("bad", 0)
+    if images and on_cpu / images > 0.02:
+        return (
+            f"GPU decode: {on_cpu} of {images} images ({on_cpu / images:.0%}) were decoded on the CPU, one at a time"
+            " in the training process (CMYK, PNG, truncated or refused by nvJPEG): re-encode them as plain JPEGs"
+            " (`fastloader pack --quality 90` re-encodes every image)"
+        )
+    if counts.get("batch_retries", 0):
+        return (
+            f"GPU decode: {counts['batch_retries']} batches were retried image by image after nvJPEG failed them:"
+            " `fastloader scan` lists the bad files, and an exclusion list skips them without reading"
+        )
+    return (
+        "GPU decode is the limit (nvJPEG, crop and resize in the loader's thread, timed as h2d): larger batches"
+        " amortise it; if the cores have room, decode_on='cpu' with more workers"
+    )

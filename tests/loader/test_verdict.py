@@ -26,6 +26,11 @@ def test_not_input_bound_names_the_step() -> None:
     assert "keeps up" in verdict.advice[0]
 
 
+GPU_OK = {"images": 1000, "on_gpu": 1000, "on_cpu": 0, "batch_retries": 0, "bad": 0}
+GPU_CMYK = {"images": 1000, "on_gpu": 900, "on_cpu": 100, "batch_retries": 0, "bad": 0}
+GPU_RETRIED = {"images": 1000, "on_gpu": 1000, "on_cpu": 0, "batch_retries": 3, "bad": 0}
+
+
 @pytest.mark.parametrize(
     ("figures", "setting", "bottleneck", "advice"),
     [
@@ -40,6 +45,15 @@ def test_not_input_bound_names_the_step() -> None:
         ({"decode": 1.0, "h2d": 0.5}, Setting(8, 8, pin_memory=False, to_gpu=True), "h2d", "pin_memory=True"),
         ({"decode": 1.0, "h2d": 0.5}, Setting(8, 8, pin_memory=True, to_gpu=True), "h2d", "4x fewer bytes"),
         ({"decode": 3.0, "handoff": 0.0}, Setting(0, 4), "decode", "num_workers=4"),
+        # decode_on="cuda": nvJPEG runs in the producer thread, timed as h2d
+        ({"decode": 0.1, "h2d": 0.5}, Setting(8, 8, True, True, gpu_decode=GPU_OK), "h2d", "larger batches"),
+        (
+            {"decode": 0.1, "h2d": 0.5},
+            Setting(8, 8, True, True, gpu_decode=GPU_CMYK),
+            "h2d",
+            "(10%) were decoded on the CPU",
+        ),
+        ({"decode": 0.1, "h2d": 0.5}, Setting(8, 8, True, True, gpu_decode=GPU_RETRIED), "h2d", "fastloader scan"),
     ],
 )
 def test_the_limit_and_its_next_step(figures: dict[str, float], setting: Setting, bottleneck: str, advice: str) -> None:
