@@ -133,7 +133,7 @@ class GpuDecoder:
         cpu_rows = [i for i in range(len(images)) if i not in decoded]
         for i in cpu_rows:
             try:
-                out[i] = _decode_on_cpu(images[i]).to(self.device, non_blocking=True)
+                out[i] = _decode_on_cpu(images[i], self.device)
             except DecodeError as error:
                 out[i] = 0
                 bad.append((i, error))
@@ -228,7 +228,7 @@ class GpuDecoder:
             single = collate([dataset[candidate]])
             encoded = single if column is None else single[column]
             try:
-                pixels = _decode_on_cpu(encoded[0]).unsqueeze(0).to(self.device)
+                pixels = _decode_on_cpu(encoded[0], self.device).unsqueeze(0)
             except DecodeError as error:
                 policy.record(_index(encoded[0], candidate), encoded[0].key, error)
                 continue
@@ -252,16 +252,10 @@ def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
     return decoded
 
 
-def decode_encoded(batch: Any, device: torch.device) -> Any:
-    """``batch`` with its list of encoded images (top level of a tuple / list / dict) replaced by a uint8 tensor."""
-    return GpuDecoder(device)(batch)
-
-
 def _raise_if_out_of_memory(error: RuntimeError) -> None:
     """Out of memory is not a bad image: never fall back on it (nvJPEG reports it as a status)."""
-    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower():
-        raise error
-    if "ALLOCATOR_FAILURE" in str(error).upper():
+    text = str(error)
+    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text.lower() or "ALLOCATOR_FAILURE" in text:
         raise error
 
 
@@ -345,9 +339,12 @@ def _resize(batch: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tens
     return torch.nn.functional.interpolate(batch, size=size, mode=mode, antialias=True, align_corners=False)
 
 
-def _decode_on_cpu(item: Any) -> torch.Tensor:
+def _decode_on_cpu(item: Any, device: torch.device) -> torch.Tensor:
+    """``item`` decoded on the CPU with its plan, as a 3×H×W tensor on ``device`` (copied from pinned memory)."""
     from fastloader.image.decode import decode_plan
 
     pixels: np.ndarray = decode_plan(item.data, item.plan, item.key)
     tensor = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
-    return tensor.pin_memory() if torch.cuda.is_available() else tensor
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -27,7 +27,6 @@ from fastloader.image.gpu_decode import (
     _gpu_decodable,
     _raise_if_out_of_memory,
     decode_batch,
-    decode_encoded,
     is_encoded_batch,
 )
 from fastloader.sample import make_sample_folder
@@ -89,7 +88,7 @@ def test_encoded_lists_are_found_in_a_batch(photos: list[bytes]) -> None:
     items = [EncodedImage(photos[0], CropPlan((0, 0, 8, 8), (8, 8), False), "a")]
     labels = torch.tensor([3])
     assert is_encoded_batch(items) and not is_encoded_batch([1, 2]) and not is_encoded_batch([])
-    images, same_labels = decode_encoded([items, labels], CPU)
+    images, same_labels = GpuDecoder(CPU)([items, labels])
     assert images.shape == (1, 3, 8, 8) and same_labels is labels
 
 
