@@ -14,6 +14,16 @@ LENGTH = 101  # odd: torch's DistributedSampler pads it, accelerate's even_batch
 BATCH = 8
 
 
+class Images(Dataset[tuple[torch.Tensor, int]]):
+    """Item i is a 3x2x2 uint8 image of value i and its index: an image batch that says what it holds."""
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3, 2, 2), index, dtype=torch.uint8), index
+
+
 class Items(Dataset[tuple[torch.Tensor, int]]):
     """Item i is ``(tensor([i.]), i)``: every batch says which samples it holds."""
 
@@ -24,16 +34,27 @@ class Items(Dataset[tuple[torch.Tensor, int]]):
         return torch.tensor([float(index)]), index
 
 
-def make_loader(kind: str, split: str | None = None, **extra: Any) -> DataLoader[Any]:
+def make_loader(
+    kind: str, split: str | None = None, dataset: Dataset[Any] | None = None, **extra: Any
+) -> DataLoader[Any]:
     """torch's DataLoader ("torch") or DataLoaderX ("fastloader") with the same arguments.
 
     split: None (shuffle=True, the framework splits), "sampler" (the user passes torch's
     DistributedSampler) or "local_rank" (DataLoaderX's own split; torch's loader gets the sampler).
+    dataset: Items() unless given.
     """
     cls = DataLoaderX if kind == "fastloader" else DataLoader
-    dataset = Items()
+    dataset = dataset if dataset is not None else Items()
     if split == "sampler" or (split == "local_rank" and kind == "torch"):
         return cls(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, shuffle=True), num_workers=1, **extra)
     if split == "local_rank":
         extra["local_rank"] = int(os.environ["LOCAL_RANK"])
     return cls(dataset, batch_size=BATCH, shuffle=True, num_workers=1, **extra)
+
+
+def reset_accelerate() -> None:
+    """Forget the accelerate state an in-process ``Accelerator`` left (as accelerate's own tests do)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

@@ -85,12 +85,59 @@ def test_lightning_ddp_each_sample_once_per_epoch(tmp_path: Path, report: dict[s
         check_split(tmp_path, config, padding=1, report=report)
 
 
+def read(outdir: Path, name: str) -> list[Any]:
+    return [json.loads((outdir / f"{name}_rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def check_accelerate_run(outdir: Path, config: str, kind: str) -> dict[str, Any]:
+    """The loop's view of one kind: gather_for_metrics, the batches, the prefetch thread, stats(); the
+    per-rank figures."""
+    seen = read(outdir, f"{config}_{kind}")
+    figures: dict[str, Any] = {"gathered": [], "thread_at_first_batch": []}
+    for rank, checks in enumerate(read(outdir, f"{config}_{kind}_checks")):
+        # gather_for_metrics drops even_batches' padding: each sample exactly once per epoch
+        assert all(sorted(gathered) == list(range(LENGTH)) for gathered in checks["gathered"].values())
+        figures["gathered"].append([len(gathered) for gathered in checks["gathered"].values()])
+        assert checks["as_expected"] and set(checks["devices"]) == {"cpu"}
+        # at an epoch's first batch the producer has made at most 5 of its 7 or 13 batches (2 taken, the
+        # look-ahead included, 2 queued: max_prefetch=2, 1 held): it is still running
+        first_alive = [threads[0] for threads in checks["threads"].values()]
+        figures["thread_at_first_batch"].append(first_alive)
+        if kind == "torch":  # the control: accelerate's own loader, the raw uint8 images, no fastloader thread
+            assert checks["type"] == "DataLoaderShard" and set(checks["dtypes"]) == {"torch.uint8"}
+            assert not any(map(any, checks["threads"].values()))
+        else:  # DataLoaderX's pipeline: its thread, normalize= applied, its stats
+            assert checks["type"] == "PreparedLoader" and set(checks["dtypes"]) == {"torch.float32"}
+            assert all(first_alive)
+            batches = sum(len(threads) for threads in checks["threads"].values())
+            samples = sum(len(indices) for indices in seen[rank].values())
+            assert checks["stats"] == {"batches": batches, "images": samples}
+    return figures
+
+
+def check_accelerate_resume(outdir: Path, config: str, kind: str) -> None:
+    for record in read(outdir, f"{config}_{kind}_resume"):
+        full, saved_at = record["full"], record["saved_at"]
+        if kind == "torch":  # the control: load_state does not bring its loader back to the saved batch
+            assert record["rest"] != full["1"][saved_at:]
+        else:  # save_state at batch 3 of epoch 1, a new loader, load_state: the uninterrupted batches
+            assert record["rest"] == full["1"][saved_at:] and record["after"] == full["2"]
+
+
 @pytest.mark.timeout(300)
-def test_accelerate_each_sample_once_per_epoch(tmp_path: Path, report: dict[str, Any]) -> None:
+def test_accelerate_runs_dataloaderx_with_accelerates_semantics(tmp_path: Path, report: dict[str, Any]) -> None:
     torchrun(str(HERE / "accelerate_ddp.py"), tmp_path)
     # even_batches: accelerate repeats samples until both ranks have the same number of full batches
-    check_split(tmp_path, "accelerate", padding=11, report=report)
-    check_split(tmp_path, "accelerate_split_batches", padding=3, report=report)
+    for config, padding in (("accelerate", 11), ("accelerate_split_batches", 3)):
+        check_split(tmp_path, config, padding=padding, report=report)
+        # the same global seed gives both accelerate's shuffling generator: DataLoaderX reads accelerate's batches
+        assert per_epoch(tmp_path, config, "fastloader") == per_epoch(tmp_path, config, "torch")
+        for kind in ("torch", "fastloader"):
+            report[config][kind] = {"epochs": report[config][kind], **check_accelerate_run(tmp_path, config, kind)}
+            check_accelerate_resume(tmp_path, config, kind)
+        print(config, json.dumps(report[config]))
+    for message in read(tmp_path, "refused"):  # a DataLoaderX that splits by itself is not split twice
+        assert "already splits the data over the ranks (DistributedSampler)" in message
 
 
 @pytest.mark.timeout(300)

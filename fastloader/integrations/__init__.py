@@ -1,0 +1,5 @@
+"""Adapters to training frameworks that would otherwise replace DataLoaderX by a loader of their own.
+
+Each module imports its framework when it is imported itself, never from ``import fastloader``: the
+frameworks are optional dependencies. ``fastloader.integrations.accelerate``: Hugging Face accelerate.
+"""

@@ -1,0 +1,206 @@
+"""fastloader.integrations.accelerate in this process (one process, CPU), with accelerate's own prepare of
+torch's DataLoader as the control where both apply. The 2-rank runs are in test_integrations.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from fastloader import DataLoaderX
+from fastloader.samplers import RandomSampler
+from tests.integrations.common import BATCH, LENGTH, Items, reset_accelerate
+from tests.toy_datasets import Counting
+
+pytest.importorskip("accelerate")
+from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
+from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
+
+from fastloader.integrations.accelerate import PreparedLoader, prepare, prepare_loader  # noqa: E402
+
+Make = Callable[..., Accelerator]
+FULL = -(-LENGTH // BATCH)  # 13 batches, the last of 5
+
+
+@pytest.fixture
+def accelerator_of() -> Iterator[Make]:
+    """Accelerators on the CPU; accelerate's shared state is reset afterwards (DataLoaderX asks whether
+    an accelerate state is initialised, so no other test may inherit one)."""
+    yield lambda **config: Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
+    reset_accelerate()
+
+
+def loader(**kwargs: Any) -> DataLoaderX[Any]:
+    return DataLoaderX(Items(), batch_size=BATCH, **{"shuffle": True, **kwargs})
+
+
+def epoch(prepared: Any) -> list[list[int]]:
+    return [indices.tolist() for _x, indices in prepared]
+
+
+def test_dataloaderx_is_kept_and_the_rest_goes_to_accelerate(accelerator_of: Make) -> None:
+    accelerator = accelerator_of()
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain: DataLoader[Any] = DataLoader(Items(), batch_size=BATCH)
+    model, optimizer, ours, plain = prepare(accelerator, model, optimizer, loader(), plain)
+    assert isinstance(ours, PreparedLoader) and type(ours.base_dataloader) is DataLoaderX
+    assert type(plain).__name__ == "DataLoaderShard" and isinstance(optimizer, AcceleratedOptimizer)
+    assert [id(item) for item in accelerator._dataloaders] == [id(ours), id(plain)]
+    assert accelerator.prepare(ours) is ours and prepare_loader(accelerator, ours) is ours
+    assert [id(item) for item in accelerator._dataloaders] == [id(ours), id(plain)]  # kept, not added twice
+    with pytest.raises(ValueError, match="prepare_loader needs a fastloader.DataLoaderX, got DataLoader"):
+        prepare_loader(accelerator, DataLoader(Items()))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["torch", "fastloader"])
+def test_gradient_state_sees_the_end_of_the_data(accelerator_of: Make, kind: str) -> None:
+    accelerator = accelerator_of()
+    if kind == "torch":  # the control: accelerate's DataLoaderShard
+        prepared = accelerator.prepare(DataLoader(Items(), batch_size=BATCH, shuffle=True))
+    else:
+        prepared = prepare(accelerator, loader())
+    state = accelerator.gradient_state
+    seen = [(state.end_of_dataloader, state.remainder, state.active_dataloader is prepared) for _batch in prepared]
+    assert seen == [(False, LENGTH % BATCH, True)] * (FULL - 1) + [(True, LENGTH % BATCH, True)]
+    assert not state.in_dataloader
+
+
+def test_set_epoch_reaches_the_sampler_inside_accelerates_batch_sampler(accelerator_of: Make) -> None:
+    prepared = prepare(accelerator_of(), loader(seed=3))
+    reference = RandomSampler(Items(), seed=3)
+    for number in (4, 0):
+        prepared.set_epoch(number)
+        reference.set_epoch(number)
+        order = list(reference)
+        assert epoch(prepared) == [order[i : i + BATCH] for i in range(0, LENGTH, BATCH)]
+    assert prepared.iteration == 1  # accelerate's own count goes on from the epoch set
+
+
+def test_iterable_dataset_each_sample_once(accelerator_of: Make) -> None:
+    accelerator = accelerator_of()
+    prepared = prepare(accelerator, DataLoaderX(Counting(10), batch_size=4))
+    batches = []
+    for batch in prepared:
+        batches.append((batch.tolist(), accelerator.gradient_state.end_of_dataloader))
+    assert batches == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), ([8, 9], True)]
+
+
+@pytest.mark.parametrize("kind", ["torch", "fastloader"])
+def test_save_state_load_state_resume_mid_epoch(accelerator_of: Make, tmp_path: Path, kind: str) -> None:
+    """One process: accelerate gives the sampler no generator, the order comes from torch's global RNG."""
+
+    def make(seed: int) -> tuple[Accelerator, Any]:
+        torch.manual_seed(seed)
+        accelerator = accelerator_of()
+        if kind == "torch":
+            return accelerator, accelerator.prepare(DataLoader(Items(), batch_size=BATCH, shuffle=True, num_workers=2))
+        return accelerator, prepare(accelerator, loader(num_workers=2))
+
+    accelerator, prepared = make(0)
+    full = epoch(prepared)  # epoch 0
+    for step, (_x, indices) in enumerate(prepared):  # epoch 1, saved after its 5th batch
+        full.append(indices.tolist())
+        if step == 4:
+            accelerator.save_state(str(tmp_path / "checkpoint"))
+    accelerator, prepared = make(1)  # as after a crash: a new loader, another seed
+    accelerator.load_state(str(tmp_path / "checkpoint"))
+    rest = epoch(prepared)
+    if kind == "torch":  # the control: a full epoch again, in another order
+        assert len(rest) == FULL and rest != full[FULL + 5 :]
+    else:
+        assert rest == full[FULL + 5 :]
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_load_state_dict_on_the_same_loader(accelerator_of: Make, workers: int, persistent: bool) -> None:
+    accelerator = accelerator_of()
+    prepared = prepare(accelerator, loader(num_workers=workers, persistent_workers=persistent, seed=7))
+    epoch(prepared)  # epoch 0
+    taken = []
+    for _x, indices in prepared:  # epoch 1: 3 batches, then a break
+        taken.append(indices.tolist())
+        if len(taken) == 3:
+            break
+    state = prepared.state_dict()
+    assert (state["epoch"], state["batches_yielded"]) == (1, 3)
+    prepared.load_state_dict(state)
+    rest = epoch(prepared)
+    uninterrupted = prepare(accelerator, loader(seed=7))
+    uninterrupted.set_epoch(1)
+    assert taken + rest == epoch(uninterrupted)
+
+
+def test_use_seedable_sampler_resumes(accelerator_of: Make) -> None:
+    """accelerate's SeedableRandomSampler replaces the loader's shuffling sampler (its order: data_seed + epoch)."""
+
+    def make(seed: int) -> PreparedLoader:
+        torch.manual_seed(seed)
+        return prepare(accelerator_of(use_seedable_sampler=True, data_seed=11), loader())
+
+    prepared = make(0)
+    assert type(prepared._order_sampler()).__name__ == "SeedableRandomSampler"
+    first = epoch(prepared)  # epoch 0
+    taken = []
+    for _x, indices in prepared:  # epoch 1: 4 batches, then a break
+        taken.append(indices.tolist())
+        if len(taken) == 4:
+            break
+    state = prepared.state_dict()
+    resumed = make(1)  # another global seed: the order is data_seed's
+    resumed.load_state_dict(state)
+    rest = epoch(resumed)
+    prepared.set_epoch(1)
+    whole = epoch(prepared)  # epoch 1 again, uninterrupted
+    assert taken + rest == whole and whole != first
+
+
+def test_a_state_after_the_last_batch_names_the_next_epoch(accelerator_of: Make) -> None:
+    accelerator = accelerator_of()
+    prepared = prepare(accelerator, loader(seed=5))
+    for _batch in prepared:
+        state = prepared.state_dict()
+    assert (state["epoch"], state["batches_yielded"]) == (1, 0)
+    assert (prepared.state_dict()["epoch"], prepared.state_dict()["batches_yielded"]) == (1, 0)
+    resumed = prepare(accelerator, loader(seed=5))
+    resumed.load_state_dict(state)
+    assert epoch(resumed) == epoch(prepared)  # both epoch 1, from its start
+
+
+class GlobalOrder(Sampler[int]):
+    """An order from torch's global RNG that nothing records."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(LENGTH).tolist())
+
+    def __len__(self) -> int:
+        return LENGTH
+
+
+def test_load_state_dict_refuses_what_it_cannot_resume(accelerator_of: Make) -> None:
+    accelerator = accelerator_of()
+    prepared = prepare(accelerator, loader(seed=1))
+    with pytest.raises(ValueError, match=r"not a fastloader.integrations.accelerate/1 loader state: expected the keys"):
+        prepared.load_state_dict(prepared.base_dataloader.state_dict())  # DataLoaderX's own state
+    other = prepare(accelerator, DataLoaderX(Items(), batch_size=4, seed=1, shuffle=True))
+    with pytest.raises(ValueError, match=r"comes from \{'num_processes': 1, 'total_batch_size': 4\}, this loader"):
+        prepared.load_state_dict(other.state_dict())
+    for made, problem in (
+        (DataLoaderX(Items(), batch_size=BATCH, sampler=GlobalOrder()), "the order of tests.integrations"),
+        (DataLoaderX(Counting(40), batch_size=4), "Counting is an IterableDataset, whose order is its own"),
+    ):
+        source = prepare(accelerator, made)
+        fresh_state = source.state_dict()  # at the start of an epoch: always resumable
+        next(iter(source))
+        with pytest.raises(ValueError, match=f"cannot resume this loader mid-epoch exactly: {problem}"):
+            source.load_state_dict(source.state_dict())
+        source.load_state_dict(fresh_state)
+
+
+def test_dispatch_batches_is_refused(accelerator_of: Make) -> None:
+    with pytest.raises(ValueError, match=r"dispatch_batches=True \(DataLoaderConfiguration\): rank 0 would read"):
+        prepare(accelerator_of(dispatch_batches=True), loader())
