@@ -51,7 +51,7 @@ def _changed(url: S3Url, etag: str, now: str | None, status: int | None) -> Obje
     if status == 404:
         what = f"was deleted since this reader indexed it (ETag {etag})"
     else:
-        what = f"was replaced since this reader indexed it (ETag {etag}, now {now or 'another'})"
+        what = f"was replaced since this reader indexed it (ETag {etag}{f', now {now}' if now else ''})"
     return ObjectChanged(
         f"{url}: the object {what}: the dataset changed under the reader; create the dataset again to read"
         " the new version",
