@@ -2,12 +2,19 @@
 
 The prefix holds either a ``fastloader pack --format tar`` output (its manifest names the shards and
 the classes; ``fastloader pack SRC s3://...`` also uploads each shard's index, ``<shard>.fl-idx``) or
-plain WebDataset shards (every ``*.tar`` under the prefix, in key order).
+plain WebDataset shards (every ``*.tar`` under the prefix, in key order). Instead of a prefix, a brace
+pattern, a glob or a list of URLs names the shards (``s3://data/train-{000000..000099}.tar``: see
+:mod:`fastloader.remote.patterns`).
 
-* **Indexes.** Each shard's index is kept locally (``$FASTLOADER_CACHE/s3/...``). It comes from the
-  ``.fl-idx`` object beside the shard when there is one (a small GET), else from the shard itself,
-  fetched once into the shard cache and walked as a local shard is. An index is current while the
-  object's size is unchanged. The catalog of all shards is then built as for local shards. An
+* **Identity.** A shard is its full key *and its version*, the ETag the listing gives. Its local index
+  is kept under that identity (``$FASTLOADER_CACHE/s3/<bucket>/index/...``), so two shards of one name
+  under two prefixes, or an object replaced by another of the same size, never share an index; the
+  shard cache keeps its bytes under it too. Every read of a shard is pinned to that ETag (``If-Match``,
+  and the response's ETag checked): an object replaced after this dataset indexed it is an
+  :class:`~fastloader.remote.retry.ObjectChanged` naming it, never bytes read through the old index.
+* **Indexes.** A shard's index comes from the ``.fl-idx`` object beside the shard when there is one (a
+  small GET), else from the shard itself, fetched once into the shard cache and walked as a local shard
+  is. The catalog of all shards is then built as for local shards. An
   ``.fl-idx`` uploaded by an older fastloader (index version 1) is upgraded without fetching its shard
   (a pack's shards held nothing but images and labels then: see ``fastloader.formats.tar_shards``).
 * **Fields**: as for local shards (``fastloader.datasets.tar``): every other member of a sample, by
@@ -48,10 +55,11 @@ from fastloader.formats.tar_shards import (
     build_shard_index,
     upgrade_index,
 )
-from fastloader.remote.s3 import S3Store
+from fastloader.remote.patterns import expand_remote_pattern, names_objects
+from fastloader.remote.s3 import ObjectInfo, S3Store
 from fastloader.remote.shard_cache import ShardCache
 from fastloader.remote.url import S3Url
-from fastloader.storage import cache_dir
+from fastloader.storage import atomic_write_bytes, cache_dir
 
 DEFAULT_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
 PREFETCH_THREADS = 2  # shards fetched ahead at once, by the training process
@@ -61,6 +69,7 @@ PREFETCH_THREADS = 2  # shards fetched ahead at once, by the training process
 class _Shard:
     url: S3Url
     size: int
+    etag: str  # the version indexed: every read is pinned to it
 
 
 class _CachedShards:
@@ -71,16 +80,21 @@ class _CachedShards:
 
     def __call__(self, shard: int) -> str:
         entry = self.shards[shard]
-        return self.cache.path(str(entry.url), entry.size, partial(self._fetch, entry))
+        return self.cache.path(str(entry.url), entry.size, partial(self._fetch, entry), entry.etag)
 
     def _fetch(self, entry: _Shard, path: str) -> None:
-        self.store.download(entry.url, path, entry.size)
+        self.store.download(entry.url, path, entry.size, etag=entry.etag)
 
 
-def _mirror(url: S3Url) -> Path:
-    """Local home of a prefix's indexes and catalog (the shard cache may be elsewhere)."""
-    digest = hashlib.sha1(str(url).encode()).hexdigest()[:16]
-    return cache_dir() / "s3" / f"{url.bucket}-{digest}"
+def _home(bucket: str) -> Path:
+    """Local home of a bucket's shard indexes, catalogs and manifests (the shard cache may be elsewhere)."""
+    return cache_dir() / "s3" / bucket
+
+
+def _identity_name(url: S3Url, etag: str) -> str:
+    """A file name unique to one version of one object (its full key and ETag), its base name readable."""
+    digest = hashlib.sha1(f"{url.key}\0{etag}".encode()).hexdigest()[:20]
+    return f"{digest}-{url.key.rsplit('/', 1)[-1]}"
 
 
 class RemoteTarShardSource(CatalogSource):
@@ -93,7 +107,7 @@ class RemoteTarShardSource(CatalogSource):
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         image_exts: Sequence[str] | None = None,
         endpoint_url: str | None = None,
@@ -101,14 +115,18 @@ class RemoteTarShardSource(CatalogSource):
         cache_limit: int = DEFAULT_CACHE_LIMIT,
         store: S3Store | None = None,
     ) -> None:
-        self.url = S3Url.parse(url)
         self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
         self.store = store or S3Store(endpoint_url)
         self.cache = ShardCache(cache if cache is not None else cache_dir() / "s3-shards", cache_limit)
-        objects = dict(self.store.list(self.url))
-        shards, self.classes, recorded = self._shard_list(objects)
-        if not shards:
-            raise FormatError(f"{self.url}: no tar shards there (no {MANIFEST_NAME} and no *.tar object)")
+        self.classes: list[str] | None = None
+        recorded: dict[str, FieldMember] = {}
+        if isinstance(url, str) and not names_objects(url):
+            self.url: S3Url | None = S3Url.parse(url)
+            shards, objects, self.classes, recorded = self._prefix_shards(self.url)
+        else:  # braces, globs, a list: plain shards
+            self.url = None
+            named, objects = expand_remote_pattern(url, self.store)
+            shards = [_Shard(where, info.size, info.etag) for where, info in named]
         self.shards = tuple(str(shard.url) for shard in shards)
         locate = _CachedShards(self.store, self.cache, tuple(shards))
         indexes = [self._index(shard, objects, locate, number) for number, shard in enumerate(shards)]
@@ -117,34 +135,61 @@ class RemoteTarShardSource(CatalogSource):
         self._prefetcher = ProcessLocal(partial(ThreadPoolExecutor, PREFETCH_THREADS, "fastloader-prefetch"))
         self._asked: deque[int] = deque(maxlen=16)  # recently asked: each window is asked for twice
 
-    def _shard_list(self, objects: dict[str, int]) -> tuple[list[_Shard], list[str] | None, dict[str, FieldMember]]:
-        manifest_key = self.url.child(MANIFEST_NAME).key
-        if manifest_key not in objects and self.url.child(PROGRESS_NAME).key in objects:
-            raise FormatError(
-                f"{self.url}: incomplete pack upload (no {MANIFEST_NAME} yet): run the same `fastloader pack` again"
-            )
-        if manifest_key in objects:
-            home = _mirror(self.url)
-            home.mkdir(parents=True, exist_ok=True)
-            local = home / MANIFEST_NAME
-            local.write_bytes(self.store.get(self.url.child(MANIFEST_NAME)))
-            state = TarPackState.read(local)
-            if not state.complete:
-                raise FormatError(f"{self.url}: incomplete pack (its manifest is not marked complete)")
-            shards = []
-            for record in state.shards:
-                key = self.url.child(record.name).key
-                if "/" in record.name or key not in objects:
-                    raise FormatError(f"{self.url}/{MANIFEST_NAME}: shard {record.name!r} is missing")
-                shards.append(_Shard(self.url.child(record.name), objects[key]))
-            return shards, state.classes, state.fields
-        keys = sorted(key for key in objects if key.endswith(".tar"))
-        return [_Shard(S3Url(self.url.bucket, key), objects[key]) for key in keys], None, {}
+    def _prefix_shards(
+        self, url: S3Url
+    ) -> tuple[list[_Shard], dict[tuple[str, str], ObjectInfo], list[str] | None, dict[str, FieldMember]]:
+        """The shards under a prefix (its manifest's, else every ``*.tar``), every object listed there, and
+        the class names and fields a manifest records."""
+        objects = self._listing(url)
+        manifest_key = url.child(MANIFEST_NAME).key
+        if (url.bucket, manifest_key) not in objects:
+            if (url.bucket, url.child(PROGRESS_NAME).key) in objects:
+                raise FormatError(
+                    f"{url}: incomplete pack upload (no {MANIFEST_NAME} yet): run the same `fastloader pack` again"
+                )
+            keys = sorted(key for _, key in objects if key.endswith(".tar"))
+            if not keys and url.key:  # perhaps the address of one shard
+                objects = self._listing(url.parent(), recursive=False)
+                keys = [url.key] if (url.bucket, url.key) in objects else []
+            if not keys:
+                raise FormatError(f"{url}: no tar shards there (no {MANIFEST_NAME} and no *.tar object)")
+            return [self._shard(objects, url.bucket, key) for key in keys], objects, None, {}
+        state = self._manifest(url)
+        if any((url.bucket, url.child(r.name).key) not in objects for r in state.shards):
+            # A re-pack published this manifest after our listing began: its shards came before it, so they
+            # are in a listing taken now.
+            objects = self._listing(url)
+        shards = []
+        for record in state.shards:
+            key = url.child(record.name).key
+            if "/" in record.name or (url.bucket, key) not in objects:
+                raise FormatError(f"{url}/{MANIFEST_NAME}: shard {record.name!r} is missing")
+            shards.append(self._shard(objects, url.bucket, key))
+        return shards, objects, state.classes, state.fields
 
-    def _index(self, shard: _Shard, objects: dict[str, int], locate: _CachedShards, number: int) -> IndexFile:
-        """The shard's index: local when current (same object size), else its .fl-idx object, else built."""
-        name = shard.url.key.rsplit("/", 1)[-1]
-        path = _mirror(self.url) / "index" / f"{name}{INDEX_SUFFIX}"
+    def _listing(self, url: S3Url, recursive: bool = True) -> dict[tuple[str, str], ObjectInfo]:
+        return {(url.bucket, info.key): info for info in self.store.list(url, recursive=recursive)}
+
+    @staticmethod
+    def _shard(objects: dict[tuple[str, str], ObjectInfo], bucket: str, key: str) -> _Shard:
+        info = objects[(bucket, key)]
+        return _Shard(S3Url(bucket, key), info.size, info.etag)
+
+    def _manifest(self, url: S3Url) -> TarPackState:
+        home = _home(url.bucket) / "manifests"
+        home.mkdir(parents=True, exist_ok=True)
+        local = home / f"{hashlib.sha1(url.key.encode()).hexdigest()[:16]}-{MANIFEST_NAME}"
+        atomic_write_bytes(local, self.store.get(url.child(MANIFEST_NAME)))  # ranks may read it at once
+        state = TarPackState.read(local)
+        if not state.complete:
+            raise FormatError(f"{url}: incomplete pack (its manifest is not marked complete)")
+        return state
+
+    def _index(
+        self, shard: _Shard, objects: dict[tuple[str, str], ObjectInfo], locate: _CachedShards, number: int
+    ) -> IndexFile:
+        """The shard's index, kept under its identity (key and ETag): its .fl-idx object, else built."""
+        path = _home(shard.url.bucket) / "index" / f"{_identity_name(shard.url, shard.etag)}{INDEX_SUFFIX}"
         path.parent.mkdir(parents=True, exist_ok=True)
 
         def fits(meta: Any) -> bool:
@@ -158,21 +203,22 @@ class RemoteTarShardSource(CatalogSource):
             return index if fits(index.meta) else None
 
         def build() -> IndexFile:
-            found = upgrade_index(path, fits)  # kept here by an older fastloader
-            remote_index = f"{shard.url.key}{INDEX_SUFFIX}"
-            if found is None and remote_index in objects:  # uploaded by `fastloader pack ... s3://`
-                path.write_bytes(self.store.get(S3Url(shard.url.bucket, remote_index)))
+            remote_index = objects.get((shard.url.bucket, f"{shard.url.key}{INDEX_SUFFIX}"))
+            if remote_index is not None:  # uploaded by `fastloader pack ... s3://`
+                data = self.store.get(S3Url(shard.url.bucket, remote_index.key), etag=remote_index.etag)
+                path.write_bytes(data)
                 found = current() or upgrade_index(path, fits)
-            if found is not None:
-                return found
+                if found is not None:
+                    return found
             return build_shard_index(locate(number), path, self.image_exts)  # walks the cached shard
 
         return cached_index(path, current, build)
 
     def _load_catalog(self, shards: list[_Shard], indexes: list[IndexFile]) -> IndexFile:
-        identities = [[str(shard.url), shard.size] for shard in shards]
+        identities = [[str(shard.url), shard.size, shard.etag] for shard in shards]
         digest = hashlib.sha1(json.dumps([identities, list(self.image_exts)]).encode()).hexdigest()
-        path = _mirror(self.url) / f"catalog-{digest[:16]}{INDEX_SUFFIX}"
+        path = _home(shards[0].url.bucket) / "catalogs" / f"catalog-{digest[:20]}{INDEX_SUFFIX}"
+        path.parent.mkdir(parents=True, exist_ok=True)
 
         def current() -> IndexFile | None:
             try:

@@ -40,6 +40,7 @@ from fastloader.formats.index_file import IndexFile, cached_index, read_index, s
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS, load_shard_index
+from fastloader.remote.patterns import is_remote_pattern
 from fastloader.storage import cache_dir
 
 CATALOG_KIND = "tar-catalog"
@@ -365,7 +366,8 @@ class TarShardDataset(ImageDataset[Any]):
     ``classes`` / ``class_to_idx`` come from the manifest of a ``fastloader pack`` directory (None
     for plain shards, whose ``.cls`` members hold bare integers).
 
-    ``pattern`` may be an ``s3://bucket/prefix`` (see ``fastloader.datasets.remote_tar``): shards are read
+    ``pattern`` may be an ``s3://bucket/prefix``, or an ``s3://`` brace pattern, glob or list of URLs
+    (see ``fastloader.datasets.remote_tar``): shards are read
     through a local shard cache (``cache``: its directory, ``cache_limit``: its size in bytes) from the
     store at ``endpoint_url`` (default: the environment's ``AWS_ENDPOINT_URL``, else AWS). Read them in a
     shard-aware order: ``fastloader.samplers.ShardWindowSampler(dataset)``.
@@ -389,7 +391,7 @@ class TarShardDataset(ImageDataset[Any]):
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source: Any
-        if isinstance(pattern, str) and pattern.startswith("s3://"):
+        if is_remote_pattern(pattern):
             from fastloader.datasets.remote_tar import DEFAULT_CACHE_LIMIT, RemoteTarShardSource
 
             limit = DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit

@@ -2,12 +2,25 @@
 
 1. The pack runs as ``--format tar`` into a local staging directory (``$FASTLOADER_CACHE/s3-pack/...``),
    resumable after a kill like any local pack.
-2. Each shard is uploaded (multipart when large) with its index (``<shard>.fl-idx``: readers then need
-   not fetch a shard to index it); a shard already there with the same size is not sent again, so a
-   killed upload resumes where it stopped.
-3. A marker (``fastloader-tar.progress.json``) goes first and the manifest last, then the marker is
-   removed: while the marker is there without the manifest, readers refuse the prefix as an incomplete
-   upload, so they never see a half-written dataset.
+2. **Shards are named by their content.** Each shard is uploaded as ``<name>-<digest>.tar`` with its
+   index beside it (``<that>.fl-idx``: readers then need not fetch a shard to index it). The digest
+   (:func:`content_digest`, 16 hex digits of a SHA-256) covers every member's name, place and bytes, all
+   a reader sees, and not the tar headers' timestamps, which differ between two packs of the same
+   images. An object of that name and size already there holds that content, so it is not sent again:
+   a re-pack sends exactly the shards that changed (a label fixed, an image replaced), and a killed
+   upload resumes where it stopped.
+3. **The manifest is the commit point, written last.** It names the shards of its own pack, so until it
+   is replaced, readers see the previous pack whole (its shards are untouched: new ones have new
+   names), and from the moment it is (one PUT: S3 shows a whole object or the previous one) they see
+   the new pack whole. A reader never sees a manifest next to shards of another pack.
+4. Then the shards the previous manifest named that the new one does not (and any earlier upload's
+   left-over content-named shards) are deleted. A reader opened before the re-pack that later fetches
+   one of them gets an error naming it (the dataset changed under it), never other bytes.
+
+A first upload, with no manifest there yet, puts a marker (``fastloader-tar.progress.json``) first and
+removes it after the manifest: while the marker is there without a manifest, readers refuse the prefix as
+an incomplete upload. Re-packing a prefix replaces its pack (the same command after a change of the
+source is the expected use); objects under the prefix that are not a pack's shards are left alone.
 
 An LMDB is one local file that readers map into memory: it is not served from object storage. Pack
 tar shards for S3 (this), or copy an LMDB to each machine's local disk.
@@ -17,48 +30,116 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
-from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index
-from fastloader.remote.s3 import S3Store
+from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index, walk_members
+from fastloader.remote.s3 import ObjectInfo, S3Store
 from fastloader.remote.url import S3Url
 from fastloader.storage import cache_dir
 
 if TYPE_CHECKING:
     from fastloader.pack.engine import PackSummary
 
+DIGEST_CHARS = 16  # 64 bits of SHA-256: no two shards of one prefix share a name by chance
+_READ_BYTES = 1 << 20
+
 
 def staging_dir(url: S3Url) -> Path:
     return cache_dir() / "s3-pack" / f"{url.bucket}-{hashlib.sha1(str(url).encode()).hexdigest()[:16]}"
 
 
+def content_digest(shard: str | os.PathLike[str]) -> str:
+    """SHA-256 over each member's name, offset, size and bytes, in tar order (see the module docstring)."""
+    digest = hashlib.sha256()
+    fd = os.open(shard, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for member in walk_members(fd, os.fspath(shard)):
+            digest.update(f"{len(member.name)}:{member.name}:{member.offset}:{member.size}:".encode())
+            for start in range(member.offset, member.offset + member.size, _READ_BYTES):
+                digest.update(os.pread(fd, min(_READ_BYTES, member.offset + member.size - start), start))
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def content_name(name: str, digest: str) -> str:
+    """``shard-000003.tar`` with content ``digest``: ``shard-000003-<16 hex>.tar``."""
+    stem = name[: -len(".tar")] if name.endswith(".tar") else name
+    return f"{stem}-{digest[:DIGEST_CHARS]}.tar"
+
+
+def _previous_shards(url: S3Url, store: S3Store, there: dict[str, ObjectInfo]) -> set[str] | None:
+    """The shard names of the pack published at ``url`` now (None: there is none)."""
+    if url.child(MANIFEST_NAME).key not in there:
+        return None
+    raw = store.get(url.child(MANIFEST_NAME))
+    try:
+        return {str(shard["name"]) for shard in json.loads(raw)["shards"]}
+    except (ValueError, KeyError, TypeError):
+        return set()  # unreadable: nothing it names is deleted by name (content-named leftovers still are)
+
+
+def _send(path: Path, target: S3Url, there: dict[str, ObjectInfo], store: S3Store, exact_size: bool) -> bool:
+    """Upload ``path`` unless its content-named object is there already; True when sent."""
+    found = there.get(target.key)
+    if found is not None and (not exact_size or found.size == path.stat().st_size):
+        return False
+    store.upload(str(path), target)
+    return True
+
+
 def upload_pack(directory: str | os.PathLike[str], url: S3Url, store: S3Store) -> dict[str, int]:
-    """Upload a finished tar pack: shards and their indexes, then the manifest. Returns what was sent."""
+    """Upload a finished tar pack: changed shards and their indexes, then the manifest, then delete the
+    previous pack's shards (see the module docstring). Returns what was done."""
     directory = Path(directory)
     state = TarPackState.read_manifest(directory)
-    there = dict(store.list(url))
+    there = {info.key: info for info in store.list(url, recursive=False)}
+    previous = _previous_shards(url, store, there)
     marker = url.child(PROGRESS_NAME)
-    store.put(marker, (directory / MANIFEST_NAME).read_bytes())  # readers: "an upload is under way"
-    sent = {"shards": 0, "indexes": 0, "skipped": 0, "bytes": 0}
+    if previous is None:
+        store.put(marker, (directory / MANIFEST_NAME).read_bytes())  # readers: "an upload is under way"
+    done = {"shards": 0, "indexes": 0, "skipped": 0, "bytes": 0, "deleted": 0}
+    records = []
     for shard in state.shards:
         local = directory / shard.name
-        index = load_shard_index(str(local), directory / f"{shard.name}{INDEX_SUFFIX}")
-        for path, target, kind in ((local, url.child(shard.name), "shards"), (Path(index.path), None, "indexes")):
-            target = target or url.child(f"{shard.name}{INDEX_SUFFIX}")
-            size = path.stat().st_size
-            if there.get(target.key) == size:
-                sent["skipped"] += 1
-                continue
-            store.upload(str(path), target)
-            sent[kind] += 1
-            sent["bytes"] += size
-    store.put(url.child(MANIFEST_NAME), (directory / MANIFEST_NAME).read_bytes())  # the commit point: last
-    store.delete(marker)
-    return sent
+        index = Path(load_shard_index(str(local), directory / f"{shard.name}{INDEX_SUFFIX}").path)
+        name = content_name(shard.name, content_digest(local))
+        records.append(dataclasses.replace(shard, name=name))
+        # The index goes after its shard; an index there belongs to this content (same layout), whatever its size.
+        if _send(local, url.child(name), there, store, exact_size=True):
+            done["shards"] += 1
+            done["bytes"] += local.stat().st_size
+        else:
+            done["skipped"] += 1
+        if _send(index, url.child(f"{name}{INDEX_SUFFIX}"), there, store, exact_size=False):
+            done["indexes"] += 1
+    published = dataclasses.replace(state, shards=tuple(records))
+    store.put(url.child(MANIFEST_NAME), published.to_json())  # the commit point: last
+    if previous is None or marker.key in there:
+        store.delete(marker)
+    done["deleted"] = _delete_stale(url, store, there, previous or set(), {r.name for r in records}, state.prefix)
+    return done
+
+
+def _delete_stale(
+    url: S3Url, store: S3Store, there: dict[str, ObjectInfo], previous: set[str], current: set[str], prefix: str
+) -> int:
+    """Delete the shards (and indexes) of earlier packs: named by the previous manifest, or content-named."""
+    ours = re.compile(rf"{re.escape(prefix)}-\d+-[0-9a-f]{{{DIGEST_CHARS}}}\.tar")
+    deleted = 0
+    for key in sorted(there):
+        name = key.rsplit("/", 1)[-1]
+        shard = name[: -len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else name
+        if shard not in current and (shard in previous or ours.fullmatch(shard)):
+            store.delete(S3Url(url.bucket, key))
+            deleted += 1
+    return deleted
 
 
 def pack_to_remote(

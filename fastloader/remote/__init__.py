@@ -4,6 +4,8 @@
 * ``retry.py``: which failures are retried (throttling, timeouts, reset connections, truncated bodies),
   with exponential backoff and full jitter, and the error that names the object when the budget is spent;
 * ``s3.py``: the client (boto3, made after fork in each process): ranged and whole-object reads with
-  their length checked, streaming downloads resumed where cut, listing, uploads (multipart when large);
+  their length checked and pinned to one version (ETag), streaming downloads resumed where cut, listing,
+  uploads (multipart when large);
+* ``patterns.py``: brace patterns, globs and lists of ``s3://`` URLs, resolved against listings;
 * ``shard_cache.py``: whole shards on local disk under a size limit, shared by every process of the machine.
 """

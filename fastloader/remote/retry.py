@@ -8,12 +8,19 @@ signature, no credentials): those raise at once, naming the object.
 Waits grow exponentially with full jitter (AWS's advice for many clients hitting one service:
 ``uniform(0, min(cap, base * 2**attempt))``), so the workers of many ranks never retry in step. After
 ``attempts`` tries a :class:`RemoteError` names the object, the attempts and the last error.
+
+No secret ever reaches a message: the text of every error we raise goes through :func:`redact` (the
+userinfo of URLs, ``http://user:password@host``, and credentials in query strings), and the
+client's exception is not chained to ours (its text and its own chain may quote the endpoint URL, and
+a worker's traceback travels as text): a RemoteError carries the server's ``status`` and ``code`` instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +44,44 @@ _RETRY_CODES = {
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
+# ``scheme://user:password@host``: everything between the scheme and the last ``@`` of the authority goes
+# (a password may hold an unescaped ``@``).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s\"']*@")
+# Query-string credentials: presigned S3 URLs, SAS-style tokens, passwords.
+_QUERY_SECRET = re.compile(
+    r"(?i)((?:x-amz-(?:signature|credential|security-token)|awsaccesskeyid|signature|sig|token|password|secret)=)"
+    r"[^&\s\"']*"
+)
+
+
+# Secrets of the standard credential chain, removed wherever they appear (no client prints them; belt and braces).
+_SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def redact(text: str) -> str:
+    """``text`` without URL userinfo, query-string credentials or the environment's secret key and session
+    token (each replaced by ``***``)."""
+    text = _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    for name in _SECRET_VARS:
+        value = os.environ.get(name, "")
+        if len(value) >= 8:  # a short value would blank out ordinary words
+            text = text.replace(value, "***")
+    return text
+
+
 class RemoteError(OSError):
-    """A remote read or write that failed for good; the message names the object."""
+    """A remote read or write that failed for good; the message names the object.
+
+    ``status`` / ``code``: the server's HTTP status and S3 error code when it answered (else None).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(redact(message))
+        self.status, self.code = status, code
+
+
+class ObjectChanged(RemoteError):
+    """An object read through an index is no longer the version that was indexed (replaced or deleted)."""
 
 
 class TruncatedBody(OSError):
@@ -89,22 +132,38 @@ def is_retryable(error: BaseException) -> bool:
 
 
 def with_retries(what: str, attempt: Callable[[], T], policy: RetryPolicy, rng: random.Random | None = None) -> T:
-    """``attempt()`` until it succeeds, retrying transient failures; RemoteError naming ``what`` at the end."""
+    """``attempt()`` until it succeeds, retrying transient failures; RemoteError naming ``what`` at the end.
+
+    A RemoteError from ``attempt`` (e.g. :class:`ObjectChanged`) is final and passes through as it is."""
     rng = rng or random.Random()
     for number in range(policy.attempts):
         try:
             return attempt()
+        except RemoteError:
+            raise
         except Exception as error:  # noqa: BLE001 - sorted below: transient or not
-            if not is_retryable(error):
-                raise RemoteError(f"{what}: {_describe(error)}") from error
-            if number + 1 == policy.attempts:
-                raise RemoteError(
-                    f"{what}: failed {policy.attempts} times (retried with backoff); last error: {_describe(error)}"
-                ) from error
-            wait = policy.delay(number, rng)
-            log.debug("%s: %s; retry %d in %.2f s", what, _describe(error), number + 1, wait)
-            time.sleep(wait)
+            failure = error
+        # Raised here, outside the handler, so that the client's exception is not our error's context.
+        if not is_retryable(failure):
+            raise _remote_error(f"{what}: {_describe(failure)}", failure)
+        if number + 1 == policy.attempts:
+            raise _remote_error(
+                f"{what}: failed {policy.attempts} times (retried with backoff); last error: {_describe(failure)}",
+                failure,
+            )
+        wait = policy.delay(number, rng)
+        log.debug("%s: %s; retry %d in %.2f s", what, redact(_describe(failure)), number + 1, wait)
+        time.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _remote_error(message: str, error: BaseException) -> RemoteError:
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return RemoteError(message)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = response.get("Error", {}).get("Code")
+    return RemoteError(message, status=status, code=None if code is None else str(code))
 
 
 def _describe(error: BaseException) -> str:

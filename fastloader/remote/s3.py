@@ -9,24 +9,64 @@ client users already have configured, and whole-shard reads are bound by the net
   so truncated bodies and reset connections in the middle of a body are retried too, with jitter.
 * Every read checks its length: a range gives exactly its bytes, a whole object its ContentLength; a
   download cut short resumes from its last byte.
+* Reads are pinned to one version of an object: given its ETag (from the listing a dataset indexed),
+  every GET carries ``If-Match`` and every response's ETag is checked too (for servers that ignore
+  the header; SeaweedFS and AWS answer 412); a download is pinned to the ETag it is given (else the one
+  a HEAD finds) for its resumes too, so a cut body is never spliced with another version. A replaced
+  or deleted object is an :class:`~fastloader.remote.retry.ObjectChanged` naming it, never bytes of
+  another version.
 * A client is never shared across a fork (botocore's connection pools are not fork-safe): each process
   makes its own on first use, and a pickled store (a spawned worker) carries only its settings.
-* No secret is ever printed: errors name the object and the server's error code, never credentials.
+* No secret is ever printed: errors name the object and the server's error code, never credentials
+  (see :func:`~fastloader.remote.retry.redact`).
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from fastloader.remote.retry import RetryPolicy, TruncatedBody, with_retries
+from fastloader.remote.retry import ObjectChanged, RemoteError, RetryPolicy, TruncatedBody, with_retries
 from fastloader.remote.url import S3Url
 
 CHUNK_BYTES = 1 << 20  # a download's reads and writes
 IN_FLIGHT = 4  # parts of one multipart upload at once
 MULTIPART_BYTES = 64 << 20  # uploads larger than this go in parts of this size
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object as a listing or a HEAD shows it: its key, size and ETag (its version's identity)."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def _changed(url: S3Url, etag: str, now: str | None, status: int | None) -> ObjectChanged:
+    if status == 404:
+        what = f"was deleted since this reader indexed it (ETag {etag})"
+    else:
+        what = f"was replaced since this reader indexed it (ETag {etag}{f', now {now}' if now else ''})"
+    return ObjectChanged(
+        f"{url}: the object {what}: the dataset changed under the reader; create the dataset again to read"
+        " the new version",
+        status=status,
+    )
+
+
+def _same(etag: str, other: str | None) -> bool:
+    return other is not None and etag.strip('"') == other.strip('"')
+
+
+def _pinned(url: S3Url, etag: str | None, response: dict[str, Any]) -> None:
+    """ObjectChanged when a response is of another version than ``etag`` (a server that ignored If-Match)."""
+    if etag is not None and not _same(etag, response.get("ETag")):
+        raise _changed(url, etag, response.get("ETag"), response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
 
 
 class S3Store:
@@ -88,15 +128,27 @@ class S3Store:
         )
         return session.client("s3", endpoint_url=self.endpoint_url, region_name=region, config=config)
 
-    def _call(self, what: str, attempt: Any) -> Any:
+    def _call(self, what: str, attempt: Callable[[], Any], url: S3Url | None = None, etag: str | None = None) -> Any:
+        """``attempt()`` under the retry policy. A read pinned to version ``etag`` of ``url`` that the server
+        refuses (412) or no longer finds (404) is ObjectChanged."""
+
         def counted() -> Any:
             self.requests += 1
             return attempt()
 
-        return with_retries(what, counted, self.retry, self._rng)
+        try:
+            return with_retries(what, counted, self.retry, self._rng)
+        except ObjectChanged:
+            raise
+        except RemoteError as error:
+            if url is None or etag is None or error.status not in (404, 412):
+                raise
+            status = error.status
+        raise _changed(url, etag, None, status)  # outside the handler: no chained client error
 
-    def get(self, url: S3Url, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of an object (the whole object without them), length checked."""
+    def get(self, url: S3Url, start: int | None = None, end: int | None = None, *, etag: str | None = None) -> bytes:
+        """Bytes ``[start, end)`` of an object (the whole object without them), length checked; of version
+        ``etag`` only, when given (see the module docstring)."""
 
         def attempt() -> bytes:
             kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key}
@@ -104,7 +156,10 @@ class S3Store:
                 if end <= start:
                     return b""
                 kwargs["Range"] = f"bytes={start}-{end - 1}"
+            if etag is not None:
+                kwargs["IfMatch"] = etag
             response = self.client.get_object(**kwargs)
+            _pinned(url, etag, response)
             body = response["Body"].read()
             expected = (end - start) if start is not None and end is not None else response.get("ContentLength")
             if expected is not None and len(body) != expected:
@@ -112,49 +167,57 @@ class S3Store:
             return body
 
         where = f"{url}" + (f" [{start}:{end}]" if start is not None else "")
-        return self._call(where, attempt)
+        return self._call(where, attempt, url, etag)
+
+    def stat(self, url: S3Url) -> ObjectInfo:
+        """The object's size and ETag (one HEAD)."""
+        head = self._call(str(url), lambda: self.client.head_object(Bucket=url.bucket, Key=url.key))
+        return ObjectInfo(url.key, int(head["ContentLength"]), str(head["ETag"]))
 
     def size(self, url: S3Url) -> int:
         """The object's size in bytes."""
-        head = self._call(str(url), lambda: self.client.head_object(Bucket=url.bucket, Key=url.key))
-        return int(head["ContentLength"])
+        return self.stat(url).size
 
     def exists(self, url: S3Url) -> bool:
-        from fastloader.remote.retry import RemoteError
-
         try:
-            self.size(url)
+            self.stat(url)
         except RemoteError as error:
-            cause = error.__cause__
-            response = getattr(cause, "response", None)
-            if isinstance(response, dict) and response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            if error.status == 404:
                 return False
             raise
         return True
 
-    def list(self, prefix: S3Url) -> Iterator[tuple[str, int]]:
-        """``(key, size)`` of every object whose key starts with ``prefix.key + "/"``, in key order."""
+    def list(self, prefix: S3Url, *, recursive: bool = True) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix.key + "/"``, in key order; only those directly
+        under it (no further ``/``) when not ``recursive``."""
         token: str | None = None
         start = f"{prefix.key}/" if prefix.key else ""
         while True:
             kwargs: dict[str, Any] = {"Bucket": prefix.bucket, "Prefix": start}
+            if not recursive:
+                kwargs["Delimiter"] = "/"
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call(f"{prefix}/ (list)", lambda kwargs=kwargs: self.client.list_objects_v2(**kwargs))
+            page = self._call(f"{prefix}/ (list)", partial(self.client.list_objects_v2, **kwargs))
             for item in page.get("Contents", []):
-                yield item["Key"], int(item["Size"])
+                yield ObjectInfo(item["Key"], int(item["Size"]), str(item["ETag"]))
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")
 
-    def download(self, url: S3Url, dest: str, size: int | None = None) -> int:
+    def download(self, url: S3Url, dest: str, size: int | None = None, *, etag: str | None = None) -> int:
         """The whole object into the file ``dest`` (created, or overwritten), streamed in one GET: a cut
-        body is resumed from the last byte received (a ranged GET), not fetched again. Returns the size.
+        body is resumed from the last byte received (a ranged GET), not fetched again. Every GET is of one
+        version: ``etag``, else the one a HEAD finds first. Returns the size.
 
         One streaming GET per object (about 600 MB/s on loopback, 0.04 CPU-s per 64 MB) costs less CPU
         than parallel ranged GETs, and CPU is what the decoding workers need; the parallelism comes from
         fetching several shards at once (the prefetch and the workers)."""
-        size = self.size(url) if size is None else size
+        if size is None or etag is None:
+            info = self.stat(url)
+            size = info.size if size is None else size
+            etag = etag or info.etag
+        pinned = etag
         with open(dest, "wb") as out:
             received = 0
 
@@ -162,17 +225,18 @@ class S3Store:
                 nonlocal received
                 out.seek(received)
                 out.truncate()
-                kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key}
+                kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key, "IfMatch": pinned}
                 if received:
                     kwargs["Range"] = f"bytes={received}-"
-                body = self.client.get_object(**kwargs)["Body"]
-                for chunk in body.iter_chunks(CHUNK_BYTES):
+                response = self.client.get_object(**kwargs)
+                _pinned(url, pinned, response)
+                for chunk in response["Body"].iter_chunks(CHUNK_BYTES):
                     out.write(chunk)
                     received += len(chunk)
                 if received != size:
                     raise TruncatedBody(f"got {received} of {size} bytes")
 
-            self._call(str(url), attempt)
+            self._call(str(url), attempt, url, pinned)
         return size
 
     def delete(self, url: S3Url) -> None:

@@ -2,8 +2,10 @@
 
 The workers of every rank on one machine read through one cache directory:
 
-* ``path(name, size, fetch)`` returns a local file with the object's bytes, fetching it on a miss.
-  One process downloads a given object (a lock per object); the others wait for it, then share it.
+* ``path(name, size, fetch, version)`` returns a local file with the object's bytes, fetching it on a
+  miss. A cached file is named by the object *and its version* (its ETag): an object replaced in the
+  store is a new entry, never served from the old one's file. One process downloads a given object (a
+  lock per object); the others wait for it, then share it.
 * The cache never holds more than ``limit`` bytes, counting downloads in progress at their full size
   (a download's file is named ``<object>.<size>.part``). Room is made by removing the least recently
   opened objects first (mtime, touched on each ``path``). Removing a file another process is reading
@@ -12,6 +14,12 @@ The workers of every rank on one machine read through one cache directory:
   wait for anything but the network; when an epoch's working set exceeds the limit, objects are simply
   evicted and fetched again later (slower, never stuck). An object larger than the whole limit is an
   error naming it.
+* A download whose process died (SIGKILL, OOM) leaves its ``.part``; its object's lock is free then, so
+  any process reclaims it, and the process that takes the object's lock next removes every ``.part``
+  of that object first (it alone may be downloading it).
+* Every wait is bounded: waiting for another process's download of the same object, or for room, fails
+  with an error naming the object when the cache has not moved (no download grew, no file came or went)
+  for ``wait_s`` seconds; a slow download that makes progress is waited for.
 """
 
 from __future__ import annotations
@@ -23,20 +31,40 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 _PART = ".part"
 _LOCKS = ".locks"
-_WAIT_S = 0.05
+_POLL_S = 0.05
+DEFAULT_WAIT_S = 600.0  # no progress at all for this long: a stuck download (retries give up well before)
+
+
+class CacheStuck(TimeoutError):
+    """A wait in the shard cache saw no progress for ``wait_s`` seconds; the message names the object."""
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    """A short critical section (the space lock): held only for listings and renames, never while waiting."""
     with open(path, "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_lock(handle: Any) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _part_of(path: Path, final: Path) -> bool:
+    """Whether ``path`` is a download (``<final>.<size>.part``) of the object whose cache file is ``final``."""
+    return path.name.startswith(f"{final.name}.") and path.name.endswith(_PART)
 
 
 def _reserved(part_name: str) -> int:
@@ -48,24 +76,28 @@ def _reserved(part_name: str) -> int:
 
 
 class ShardCache:
-    """Whole objects on local disk under ``root``, at most ``limit`` bytes (see the module docstring)."""
+    """Whole objects on local disk under ``root``, at most ``limit`` bytes (see the module docstring).
 
-    def __init__(self, root: str | os.PathLike[str], limit: int) -> None:
+    ``wait_s``: how long a wait may see no progress before it fails (:class:`CacheStuck`)."""
+
+    def __init__(self, root: str | os.PathLike[str], limit: int, *, wait_s: float = DEFAULT_WAIT_S) -> None:
         if limit <= 0:
             raise ValueError(f"cache limit must be > 0 bytes, got {limit}")
         self.root = Path(root)
         self.limit = int(limit)
+        self.wait_s = float(wait_s)
         (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
 
-    def _file(self, name: str) -> Path:
-        # A flat, safe file name per object: the object's name kept readable, a hash keeps it unique.
-        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    def _file(self, name: str, version: str) -> Path:
+        # A flat, safe file name per object version: the object's name kept readable, a hash keeps it unique.
+        digest = hashlib.sha1(f"{name}\0{version}".encode()).hexdigest()[:16]
         readable = "".join(c if c.isalnum() or c in "-_." else "_" for c in name.rsplit("/", 1)[-1])[-80:]
         return self.root / f"{digest}-{readable}"
 
-    def path(self, name: str, size: int, fetch: Callable[[str], None]) -> str:
-        """A local file holding object ``name`` (``size`` bytes); ``fetch(path)`` writes it on a miss."""
-        final = self._file(name)
+    def path(self, name: str, size: int, fetch: Callable[[str], None], version: str = "") -> str:
+        """A local file holding object ``name`` (``size`` bytes) at ``version`` (its ETag); ``fetch(path)``
+        writes it on a miss."""
+        final = self._file(name, version)
         if self._fresh(final, size):
             return str(final)
         if size > self.limit:
@@ -73,11 +105,11 @@ class ShardCache:
                 f"{name}: {size} bytes do not fit in the shard cache's limit of {self.limit} bytes ({self.root});"
                 " raise cache_limit above the largest shard"
             )
-        with _locked(self.root / _LOCKS / f"{final.name}.lock"):  # one download per object
+        with self._object_lock(final, name):  # one download per object
             if self._fresh(final, size):
                 return str(final)
             part = final.with_name(f"{final.name}.{size}{_PART}")  # its reserved size in its name
-            self._reserve(part, size)
+            self._reserve(final, part, size, name)
             try:
                 fetch(str(part))
                 if part.stat().st_size != size:
@@ -89,6 +121,35 @@ class ShardCache:
                 raise
         return str(final)
 
+    @contextlib.contextmanager
+    def _object_lock(self, final: Path, name: str) -> Iterator[None]:
+        """The object's lock: waited for while the download holding it makes progress (its .part grows)."""
+        stuck = (
+            f"{name}: another process has been downloading it into the shard cache ({self.root}) with no"
+            f" progress for {self.wait_s:.0f} s; stop that process if it hangs, or use another cache"
+        )
+        with open(self.root / _LOCKS / f"{final.name}.lock", "a+b") as handle:
+            self._wait(lambda: _try_lock(handle), lambda: self._progress(final), stuck)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _wait(self, ready: Callable[[], bool], progress: Callable[[], object], stuck: str) -> None:
+        """Poll ``ready()`` until true; CacheStuck when ``progress()`` stays the same for ``wait_s``."""
+        last: object = ()
+        since = time.monotonic()
+        while not ready():
+            try:
+                now = progress()
+            except FileNotFoundError:  # a file went while we looked: that is progress
+                now = None
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > self.wait_s:
+                raise CacheStuck(stuck)
+            time.sleep(_POLL_S)
+
     def _fresh(self, path: Path, size: int) -> bool:
         try:
             if path.stat().st_size != size:
@@ -98,21 +159,48 @@ class ShardCache:
         except FileNotFoundError:
             return False
 
-    def _reserve(self, part: Path, size: int) -> None:
-        """Make room for ``size`` bytes and claim it (a file of that size), never going over the limit."""
-        while True:
+    def _reserve(self, final: Path, part: Path, size: int, name: str) -> None:
+        """Make room for ``size`` bytes and claim it (a file of that size), never going over the limit.
+
+        Called holding the object's lock: a ``.part`` of this object is then a dead process's, whatever its
+        size, and goes first (counted, it would wait for room only its own download could free)."""
+
+        def claimed() -> bool:
             with _locked(self.root / _LOCKS / "space.lock"):
-                entries = [e for e in self._entries() if not self._abandoned(e[2])]
+                entries = []
+                for entry in self._entries():
+                    if _part_of(entry[2], final):
+                        entry[2].unlink(missing_ok=True)
+                    elif not self._abandoned(entry[2]):
+                        entries.append(entry)
                 used = sum(entry[1] for entry in entries)
                 for _, length, path in sorted(e for e in entries if not e[2].name.endswith(_PART)):
                     if used + size <= self.limit:
                         break
                     path.unlink(missing_ok=True)
                     used -= length
-                if used + size <= self.limit:
-                    part.touch()  # counted at ``size`` from now on, by every process: its name says so
-                    return
-            time.sleep(_WAIT_S)  # only downloads in flight fill it: they finish without waiting on us
+                if used + size > self.limit:
+                    return False  # only downloads in flight fill it: they finish without waiting on us
+                part.touch()  # counted at ``size`` from now on, by every process: its name says so
+                return True
+
+        stuck = (
+            f"{name}: no room for its {size} bytes in the shard cache ({self.root}, limit {self.limit} bytes):"
+            f" other downloads held it with no progress for {self.wait_s:.0f} s; raise cache_limit (a shard"
+            " window needs about window x the largest shard) or stop the process that hangs"
+        )
+
+        self._wait(claimed, lambda: self._progress(None), stuck)
+
+    def _progress(self, final: Path | None) -> dict[str, int]:
+        """What moves while downloads progress: the files (of ``final``'s downloads only, when given) and
+        their sizes. Not mtimes: readers touch cached files on every hit."""
+        with os.scandir(self.root) as found:
+            return {
+                e.name: e.stat().st_size
+                for e in found
+                if e.is_file() and not e.name.startswith(".") and (final is None or _part_of(Path(e.path), final))
+            }
 
     def _abandoned(self, path: Path) -> bool:
         """A download left by a process that died: its object's lock is free. Removed (True) if so."""

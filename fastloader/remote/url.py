@@ -33,5 +33,9 @@ class S3Url:
         """The object ``name`` under this prefix."""
         return S3Url(self.bucket, f"{self.key}/{name}" if self.key else name)
 
+    def parent(self) -> S3Url:
+        """The prefix this key is directly under (the bucket itself for a top-level key)."""
+        return S3Url(self.bucket, self.key.rsplit("/", 1)[0] if "/" in self.key else "")
+
     def __str__(self) -> str:
         return f"{SCHEME}{self.bucket}/{self.key}" if self.key else f"{SCHEME}{self.bucket}"

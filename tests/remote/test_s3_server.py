@@ -91,6 +91,20 @@ def test_ranged_get_returns_exactly_the_bytes(s3_server: S3Server, obj: tuple[st
     assert client.get_object(Bucket=bucket, Key=key, Range="bytes=-10")["Body"].read() == data[-10:]
 
 
+def test_if_match_is_honoured_on_whole_and_ranged_gets(s3_server: S3Server, obj: tuple[str, str, bytes]) -> None:
+    """What S3Store's pinned reads rely on (it also checks each response's ETag, for servers that do not)."""
+    bucket, key, data = obj
+    client = s3_server.client(config=BARE)
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"][0]["ETag"]
+    assert client.head_object(Bucket=bucket, Key=key)["ETag"] == listed  # one ETag for list, HEAD and GET
+    ranged = client.get_object(Bucket=bucket, Key=key, IfMatch=listed, Range="bytes=10-19")
+    assert ranged["ETag"] == listed and ranged["Body"].read() == data[10:20]
+    for extra in ({}, {"Range": "bytes=10-19"}):
+        with pytest.raises(ClientError) as e:
+            client.get_object(Bucket=bucket, Key=key, IfMatch='"0123456789abcdef0123456789abcdef"', **extra)
+        assert _code(e.value) == ("PreconditionFailed", 412)
+
+
 def test_the_signature_covers_the_host_header(s3_server: S3Server, s3_bucket: str) -> None:
     """Why the proxy forwards the client's Host unchanged: a request signed for one host and presented
     with another is refused (and the same request with the signed Host is accepted)."""

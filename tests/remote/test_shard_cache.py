@@ -1,9 +1,11 @@
-"""The shard cache: one download per object, never over its limit, least recently used out, never stuck."""
+"""The shard cache: one download per object version, never over its limit, least recently used out, never stuck:
+a download killed midway blocks no one, and a wait that sees no progress ends in an error naming the object."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.remote.shard_cache import ShardCache
+from fastloader.remote.shard_cache import CacheStuck, ShardCache
+from tests.helpers import wait_until
 
 
 def writer(content: bytes, log: list[str] | None = None, name: str = "") -> Callable[[str], None]:
@@ -131,3 +134,74 @@ def test_processes_asking_for_one_object_download_it_once(tmp_path: Path) -> Non
         paths = pool.starmap(_fetch_in_process, [(str(tmp_path / "cache"), str(count_file), start)] * 4)
     assert len(set(paths)) == 1 and Path(paths[0]).read_bytes() == b"x" * 64
     assert len(count_file.read_text().split()) == 1
+
+
+def test_each_version_of_an_object_is_its_own_entry(tmp_path: Path) -> None:
+    cache, fetched = ShardCache(tmp_path / "cache", limit=1000), []
+    old = cache.path("s3://b/a.tar", 5, writer(b"one..", fetched, "e1"), version='"e1"')
+    new = cache.path("s3://b/a.tar", 5, writer(b"two..", fetched, "e2"), version='"e2"')  # replaced, same size
+    assert Path(old).read_bytes() == b"one.." and Path(new).read_bytes() == b"two.." and fetched == ["e1", "e2"]
+
+
+def _download_then_hang(root: str, ready: str, limit: int) -> None:
+    """Start downloading obj.tar (100 bytes): 60 written, then no progress until killed."""
+
+    def fetch(path: str) -> None:
+        with open(path, "wb") as out:
+            out.write(bytes(60))
+            out.flush()
+        Path(ready).touch()
+        time.sleep(600)
+
+    ShardCache(root, limit).path("obj.tar", 100, fetch)
+
+
+def _read_into(root: str, limit: int, result: str) -> None:
+    Path(result).write_text(ShardCache(root, limit).path("obj.tar", 100, writer(b"y" * 100)))
+
+
+def _stuck_download(tmp_path: Path, limit: int) -> multiprocessing.process.BaseProcess:
+    ready = tmp_path / "ready"
+    process = multiprocessing.get_context("fork").Process(
+        target=_download_then_hang, args=(str(tmp_path / "cache"), str(ready), limit)
+    )
+    process.start()
+    if not wait_until(ready.exists, 30):
+        process.kill()
+        pytest.fail("the download did not start")
+    return process
+
+
+def test_a_download_killed_midway_never_blocks_the_next_reader(tmp_path: Path) -> None:
+    victim = _stuck_download(tmp_path, limit=150)
+    os.kill(victim.pid, signal.SIGKILL)  # as the OOM killer does, mid-body
+    victim.join()
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".part")]  # it left its .part
+    result = tmp_path / "result"
+    # The next reader takes the object's lock; its limit (150) is under twice the object (2 x 100).
+    reader = multiprocessing.get_context("fork").Process(
+        target=_read_into, args=(str(tmp_path / "cache"), 150, str(result))
+    )
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():
+        reader.kill()
+        reader.join()
+        pytest.fail("the next reader waits for room that only the dead download's .part holds")
+    assert reader.exitcode == 0 and Path(result.read_text()).read_bytes() == b"y" * 100
+    assert ShardCache(tmp_path / "cache", 150).used() == 100  # the dead download's bytes are not counted
+
+
+def test_a_wait_with_no_progress_ends_in_an_error_naming_the_object(tmp_path: Path) -> None:
+    victim = _stuck_download(tmp_path, limit=1000)  # alive, holding obj.tar's lock, 100 bytes reserved
+    try:
+        same = ShardCache(tmp_path / "cache", limit=1000, wait_s=1)
+        with pytest.raises(CacheStuck, match=r"obj\.tar: another process has been downloading it .* for 1 s"):
+            same.path("obj.tar", 100, writer(b"y" * 100))
+        full = ShardCache(tmp_path / "cache", limit=150, wait_s=1)
+        with pytest.raises(CacheStuck, match=r"other\.tar: no room for its 100 bytes .* limit 150 bytes"):
+            full.path("other.tar", 100, writer(b"z" * 100))
+    finally:
+        victim.kill()
+        victim.join()
+    assert full.path("other.tar", 100, writer(b"z" * 100))  # its download dead, the room is there again
