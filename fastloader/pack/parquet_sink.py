@@ -207,7 +207,8 @@ class ParquetSink(ShardedSink[ParquetPackState, _OpenPart, _Row]):
     each a column. Opening a destination that holds another pack (another fingerprint or fields, a
     tar pack, an LMDB, or ``part-*.parquet`` files no pack recorded) raises
     :class:`~fastloader.errors.FormatError`. ``add`` raises ValueError, writing nothing, for a field
-    value not of its kind; the engine may then ``add_skipped`` the same position.
+    value not of its kind (or text UTF-8 cannot hold, or a label outside int64); the engine may then
+    ``add_skipped`` the same position.
     """
 
     SUFFIX = ".parquet"
