@@ -137,3 +137,18 @@ def test_help_usage_errors_and_a_second_writer(packed_by_cli, tmp_path: Path) ->
     assert busy.returncode == 1 and "another fastloader pack is writing into it" in busy.stderr
     missing = run("verify", str(tmp_path / "none.lmdb"))
     assert missing.returncode == 1 and "none.lmdb: no such pack" in missing.stderr
+
+
+def test_a_sample_whose_json_no_output_can_hold_is_skipped_and_the_parquet_pack_holds_the_rest(tmp_path: Path) -> None:
+    from tests.pack.test_engine import write_webdataset
+
+    write_webdataset(tmp_path / "src.tar", 300, bad=5)
+    dst = tmp_path / "out"
+    result = run(
+        "pack", str(tmp_path / "src.tar"), str(dst), "--format", "parquet", "--shard-size", "50", "--no-progress"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"packed 299 of 300 images into {dst} (parquet)\n"), result.stdout
+    assert "skipped 1" in result.stdout and "rejected: ValueError" in result.stdout
+    result = run("verify", str(dst), "--no-progress")
+    assert result.returncode == 0 and result.stdout.strip() == f"OK: 299 records verified in {dst} (parquet)"

@@ -22,7 +22,14 @@ the same JSON object (indented by one space), with these keys common to every fo
 ``format`` / ``version``
     which format and version wrote the file (readers refuse others).
 ``count``
-    the samples of all ``shards`` (written for readers' convenience; ignored when read).
+    the samples of all ``shards`` (written for readers' convenience; checked when read).
+
+A state is read only when its numbers agree (else a FormatError naming the file and the shard):
+no file is listed twice; ``end_position``\\ s strictly increase and none is past ``position``; no
+count is negative; skipped positions strictly increase below ``position``; and every source
+position is accounted for exactly once: a shard's ``count`` is the positions since the previous
+shard's end minus those skipped, and the positions after the last shard are all skipped. So the
+samples of the shards are ``position`` minus the skipped items, and ``count`` is their sum.
 
 Each format adds its own keys and fixes the order of all of them (``KEYS``): see
 :mod:`fastloader.formats.tar_manifest` and :mod:`fastloader.formats.parquet_pack`.
@@ -30,6 +37,7 @@ Each format adds its own keys and fixes the order of all of them (``KEYS``): see
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -100,16 +108,17 @@ class PackState:
                     f"format {raw.get('format')!r} v{raw.get('version')}, expected {cls.FORMAT!r} "
                     f"v{' or v'.join(map(str, cls.VERSIONS))} (written by a newer fastloader?)"
                 )
-            for written_only in ("format", "version", "count"):
+            written_count = raw.pop("count", None)
+            for written_only in ("format", "version"):
                 raw.pop(written_only, None)
             raw["shards"] = tuple(ShardRecord(**shard) for shard in raw["shards"])
             raw["skipped"] = tuple(BadSample(**item) for item in raw["skipped"])
             state = cls(**cls._decode(raw))
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise FormatError(f"{path}: unreadable {cls.WHAT} pack state ({error})") from None
-        for shard in state.shards:
-            if "/" in shard.name or shard.name.startswith("."):  # the state only ever names files beside it
-                raise FormatError(f"{path}: bad file name {shard.name!r}")
+        _check_positions(state, path)
+        if written_count is not None and written_count != state.count:
+            raise FormatError(f"{path}: count {written_count!r}, but its shards hold {state.count} samples")
         return state
 
     @classmethod
@@ -136,3 +145,45 @@ class PackState:
         if not state.complete:
             raise FormatError(f"{manifest}: incomplete pack (not marked complete)")
         return state
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_positions(state: PackState, path: Path) -> None:
+    """Refuse a state whose shards and skipped items do not account for each position once (module doc)."""
+    if not _is_count(state.position):
+        raise FormatError(f"{path}: bad position {state.position!r}")
+    skipped = [item.position for item in state.skipped]
+    increasing = all(_is_count(p) for p in skipped) and all(a < b for a, b in zip(skipped, skipped[1:]))
+    if not increasing or (skipped and skipped[-1] >= state.position):
+        raise FormatError(f"{path}: the skipped positions do not strictly increase within 0..{state.position - 1}")
+    start, seen = 0, set()
+    for shard in state.shards:
+        where = f"{path}: shard {shard.name!r}"
+        if not isinstance(shard.name, str) or "/" in shard.name or shard.name.startswith("."):
+            raise FormatError(f"{path}: bad file name {shard.name!r}")  # the state only ever names files beside it
+        if shard.name in seen:
+            raise FormatError(f"{where} is listed twice")
+        seen.add(shard.name)
+        if not _is_count(shard.count):
+            raise FormatError(f"{where}: bad count {shard.count!r}")
+        end = shard.end_position
+        if not _is_count(end) or not start < end <= state.position:
+            raise FormatError(
+                f"{where}: end_position {end!r} is not after the previous shard's ({start}) and within the "
+                f"pack's position ({state.position})"
+            )
+        skipped_here = bisect.bisect_left(skipped, end) - bisect.bisect_left(skipped, start)
+        if shard.count != end - start - skipped_here:
+            raise FormatError(
+                f"{where}: count {shard.count}, but it covers positions {start}..{end - 1} of which "
+                f"{skipped_here} are skipped ({end - start - skipped_here} samples)"
+            )
+        start = end
+    if state.position - start != len(skipped) - bisect.bisect_left(skipped, start):
+        raise FormatError(
+            f"{path}: positions {start}..{state.position - 1} are neither in a shard nor all skipped "
+            f"(position {state.position}, {state.count} samples in the shards, {len(skipped)} skipped)"
+        )

@@ -196,7 +196,11 @@ def _open_sink(
 
 
 def _abandon(sink: Sink) -> None:
-    """Keep what an interrupted pack handed over, if the sink still can, and close it."""
+    """Keep what an interrupted pack handed over, if the sink still can, and close it.
+
+    A sink whose write failed refuses the checkpoint (it is poisoned: see ``fastloader.pack.sink``), so
+    what it recorded stays its last durable state; the same command run again resumes from there.
+    """
     # Already on an error path (a full disk fails these too): the first error is the one to report.
     with contextlib.suppress(Exception):
         sink.checkpoint()

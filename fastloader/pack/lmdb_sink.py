@@ -1,6 +1,6 @@
 """The pack output that writes a fastloader LMDB (``fastloader pack --format lmdb``, the default).
 
-Implements :class:`fastloader.pack_sink.Sink` (layout in ``fastloader.formats.lmdb_records``).
+Implements :class:`fastloader.pack.sink.Sink` (layout in ``fastloader.formats.lmdb_records``).
 
 Fields: a sink opened with ``fields`` (name -> kind, from the engine) numbers them in that order,
 lists them so in the metadata, and writes each item's fields after its image (version 2 records,
@@ -12,7 +12,11 @@ transaction writes the batch's records, its label and source-key chunks, its ski
 the progress record (next source position, record count). LMDB commits a transaction entirely or
 not at all, so a pack killed at any moment (SIGKILL, power loss after ``fsync``) reopens with a
 progress record that describes exactly the records present: the next run continues from its
-``next_position``, with 0 samples lost and 0 duplicated.
+``next_position``, with 0 samples lost and 0 duplicated. ``add`` checks and encodes an item whole
+before accepting it (ValueError, nothing accepted, for one the pack cannot hold). A transaction that
+fails (a full disk, the map unable to grow) poisons the sink: nothing more is written, ``add`` and
+``checkpoint`` raise RuntimeError, ``close`` only closes, and the same command run again resumes from
+the last commit.
 
 The map grows by itself: the environment starts at ``map_size`` (1 GiB; on Linux the file grows
 only as pages are written) and on ``lmdb.MapFullError`` the transaction is aborted, the map
@@ -123,6 +127,7 @@ class LMDBSink:
         self._pending_skipped: list[BadSample] = []
         self._pending_bytes = 0
         self._closed = False
+        self._failure: BaseException | None = None  # the write that poisoned the sink
 
     def _load_progress(self) -> records.PackProgress:
         with self._env.begin() as txn:
@@ -144,7 +149,15 @@ class LMDBSink:
     def resume_position(self) -> int:
         return self._progress.next_position
 
+    def _check_healthy(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(
+                f"{self.path}: an earlier write failed ({type(self._failure).__name__}: {self._failure}); this sink "
+                "can only be closed: run the same pack again to resume from its last commit"
+            )
+
     def _accept(self, position: int) -> None:
+        self._check_healthy()
         if self._finished:
             raise ValueError(f"{self.path}: the pack is finished; it is never written again")
         if position < self._next_position:
@@ -171,6 +184,10 @@ class LMDBSink:
     def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
         # May raise ValueError (an image or field too large, a field not in the schema): then nothing was accepted.
         value = records.encode_record(label, data, self._encode_fields(key, fields))
+        try:
+            records.encode_keys([key])  # what checkpoint() writes: a key it cannot encode would fail every commit
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{key!r}: a key UTF-8 cannot hold ({error})") from None
         self._accept(position)
         number = self._progress.count + len(self._records)
         self._records.append((records.record_key(number), value))
@@ -200,21 +217,33 @@ class LMDBSink:
         return found + self._pending_skipped
 
     def _write(self, fill: Callable[[lmdb.Transaction], None]) -> None:
-        """Run ``fill`` in a write transaction and commit it, doubling the map until it fits."""
-        while True:
-            txn = self._env.begin(write=True)
-            try:
-                fill(txn)
-                txn.commit()
-                return
-            except lmdb.MapFullError:
-                txn.abort()
+        """Run ``fill`` in a write transaction and commit it, doubling the map until it fits.
+
+        Any failure poisons the sink: what is committed stays as it is, nothing more is written (a
+        commit that failed may still have landed; either way the progress record in it is right).
+        """
+        self._check_healthy()
+        try:
+            while True:
+                txn = self._env.begin(write=True)
+                try:
+                    fill(txn)
+                    txn.commit()
+                    return
+                except lmdb.MapFullError:
+                    txn.abort()
+                except BaseException:
+                    txn.abort()
+                    raise
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
-            except BaseException:
-                txn.abort()
-                raise
+        except BaseException as error:
+            self._failure = error
+            if isinstance(error, ValueError):  # not a rejected item: the engine must not skip it and go on
+                raise RuntimeError(f"{self.path}: a write transaction failed ({error})") from error
+            raise
 
     def checkpoint(self) -> None:
+        self._check_healthy()
         if self._next_position == self._progress.next_position:
             return
         start = self._progress.count

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,16 @@ def _safe_key(key: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class _Row:
+    """A checked item: its key (as the column holds it), image, label and field values (``check_value``)."""
+
+    key: str
+    image: bytes
+    label: int
+    values: dict[str, Any]
+
+
 class _OpenPart:
     """The file being written, under its temporary name: rows buffered a row group at a time."""
 
@@ -92,24 +103,23 @@ class _OpenPart:
             if self.kinds[name] == "array" and name in self.encodings
         )
 
-    def append(self, key: str, label: int, data: bytes, values: Mapping[str, Any]) -> None:
-        self.buffer[KEY_COLUMN].append(_safe_key(key))
-        self.buffer[IMAGE_COLUMN].append(data)
-        self.buffer[LABEL_COLUMN].append(label)
-        size = len(data)
-        for name, kind in self.kinds.items():
-            if name not in values:
-                self.field_buffer[name].append(None)  # a null: JSON's null is the text "null"
-                continue
-            value = values[name]
-            if kind == "array":
-                self.encodings.setdefault(name, _array_encoding(value))
-                if self.encodings[name][0] == "npy":
-                    value = encode_value("array", value)
-            elif kind == "json":
-                value = encode_value("json", value).decode("utf-8")
-            size += len(value) if isinstance(value, (bytes, str)) else getattr(value, "nbytes", 8)
-            self.field_buffer[name].append(value)
+    def append(self, row: _Row) -> None:
+        """Buffer ``row``: its cells are all made before any buffer grows, so a failure leaves no half row."""
+        cells, encodings = dict(row.values), {}
+        for name, value in row.values.items():
+            if self.kinds[name] == "array":
+                encodings[name] = self.encodings.get(name) or _array_encoding(value)
+                if encodings[name][0] == "npy":
+                    cells[name] = encode_value("array", value)
+        size = len(row.image) + sum(
+            len(cell) if isinstance(cell, (bytes, str)) else getattr(cell, "nbytes", 8) for cell in cells.values()
+        )
+        self.encodings.update(encodings)
+        self.buffer[KEY_COLUMN].append(row.key)
+        self.buffer[IMAGE_COLUMN].append(row.image)
+        self.buffer[LABEL_COLUMN].append(row.label)
+        for name in self.kinds:
+            self.field_buffer[name].append(cells.get(name))  # None, a null, when missing: JSON's null is "null"
         self.rows += 1
         self.buffered_rows += 1
         self.buffered_bytes += size
@@ -185,19 +195,20 @@ class _OpenPart:
         try:
             if self.writer is not None:
                 self.writer.close()  # may fail to flush (a full disk): the file goes anyway
-        except OSError:
+        except (OSError, ValueError):  # pyarrow's errors are either
             pass
         self.target.abort()
 
 
-class ParquetSink(ShardedSink[ParquetPackState, _OpenPart]):
+class ParquetSink(ShardedSink[ParquetPackState, _OpenPart, _Row]):
     """Write packed samples into Parquet files of ``shard_size`` rows under ``dst_dir`` (see module doc).
 
     Implements :class:`fastloader.pack.sink.Sink`. ``fields``: the pack's fields (name -> kind),
     each a column. Opening a destination that holds another pack (another fingerprint or fields, a
     tar pack, an LMDB, or ``part-*.parquet`` files no pack recorded) raises
     :class:`~fastloader.errors.FormatError`. ``add`` raises ValueError, writing nothing, for a field
-    value not of its kind; the engine may then ``add_skipped`` the same position.
+    value not of its kind (or text UTF-8 cannot hold, or a label outside int64); the engine may then
+    ``add_skipped`` the same position.
     """
 
     SUFFIX = ".parquet"
@@ -222,21 +233,28 @@ class ParquetSink(ShardedSink[ParquetPackState, _OpenPart]):
         fresh = ParquetPackState(fingerprint=fingerprint, fields=dict(self._kinds))
         super().__init__(dst_dir, fresh, prefix=PART_PREFIX, shard_size=shard_size)
 
-    def _write(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> int:
+    def _encode(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> _Row:
+        """The row of an item, every value checked and in its column's Python type (JSON as its text)."""
         values: dict[str, Any] = {}
         for name, value in fields.items():
             kind = self._kinds.get(name)
             if kind is None:
                 raise ValueError(f"{key}: field {name!r} is not one of this pack's fields ({sorted(self._kinds)})")
             values[name] = check_value(kind, value, f"{key}: field {name!r}")
-            if kind == "text":
-                encode_value("text", values[name])  # UnicodeEncodeError (a ValueError) for lone surrogates
-        if self._file is not None and not self._file.fits(values):
-            self._close_file()  # an array field changed dtype or dimensions: the next file gets its type
+            try:
+                if kind in ("text", "json"):  # lone surrogates: valid str (and JSON text), not UTF-8
+                    values[name] = encode_value(kind, values[name]).decode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(f"{key}: field {name!r}: {error}") from None
+        return _Row(_safe_key(key), bytes(data), check_value("int", label, f"{key}: label"), values)
+
+    def _append(self, row: _Row) -> int:
+        if self._file is not None and not self._file.fits(row.values):
+            self._close_file(self._next_position)  # an array field changed dtype or dimensions: the next file
         if self._file is None:
             self._file = _OpenPart(self.dst_dir, self._next_name(), self._kinds, self._columns)
         part = self._file
-        part.append(key, int(label), bytes(data), values)
+        part.append(row)
         if part.buffered_rows >= self.row_group_size or part.buffered_bytes >= self.row_group_bytes:
             part.flush()
         return part.rows

@@ -5,24 +5,35 @@ A destination holds numbered data files, ``{prefix}-000000{suffix}``, ``{prefix}
 its manifest once finished. A destination that holds another pack (another fingerprint, another
 format, an LMDB) or data files no pack recorded is refused, never mixed with.
 
-Durability comes in whole files: a file is written under a hidden temporary name, fsynced, renamed
-into place, checked (the tar sink indexes it, the Parquet sink reads its footer back), and only then
-recorded in the progress file (atomically replaced, after an fsync of the directory). A run killed at
-any moment leaves at most one unrecorded file (temporary or renamed), which the next run deletes and
-rewrites from the recorded source position: 0 samples lost, 0 duplicated. ``checkpoint()`` makes
-skipped items durable but never closes a file early (files keep their size), so unlike the rest of
-the :class:`~fastloader.pack.sink.Sink` contract, data added since the last full file is not durable
-after it: a resumed run redoes up to one file of work. ``finish()`` closes the last, possibly short,
-file and then writes the manifest: the commit point.
+An item is checked and encoded whole before any of it is written (``add`` raises ValueError, having
+written nothing, for an item the format cannot hold). Durability comes in whole files: a file is
+written under a hidden temporary name, fsynced, renamed into place, checked (the tar sink indexes it,
+the Parquet sink reads its footer back), the directory fsynced, and only then recorded in the
+progress file (atomically replaced). The recorded position never runs past the last recorded file.
+A run killed at any moment leaves at most one unrecorded file (temporary, or renamed with or
+without its index), which the next run deletes and rewrites from the recorded source position: 0
+samples lost, 0 duplicated.
+
+A write that fails at any step (a full disk, an I/O error) *poisons* the sink: the open file is
+discarded and nothing more is recorded (``add``, ``checkpoint`` and ``finish`` raise RuntimeError
+naming the first failure; ``close`` only closes), so the progress file keeps describing the last
+durable state, and the same command run again finishes the pack. A failure after the item was
+checked is never a ValueError, which the engine would take for a rejected item.
+
+``checkpoint()`` makes skipped items durable but never closes a file early (files keep their size),
+so unlike the rest of the :class:`~fastloader.pack.sink.Sink` contract, data added since the last
+full file is not durable after it: a resumed run redoes up to one file of work. ``finish()`` closes
+the last, possibly short, file and then writes the manifest: the commit point.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -51,16 +62,24 @@ class OpenFile(Protocol):
 
 
 FileT = TypeVar("FileT", bound=OpenFile)
+ItemT = TypeVar("ItemT")
 
 
-class ShardedSink(ABC, Generic[StateT, FileT]):
+def data_files(directory: Path, prefix: str, suffix: str) -> list[Path]:
+    """The data files of a pack's name pattern in ``directory`` (``{prefix}-NNNNNN{suffix}``), by name."""
+    pattern = re.compile(rf"{re.escape(prefix)}-\d+{re.escape(suffix)}")
+    return sorted(path for path in directory.iterdir() if pattern.fullmatch(path.name))
+
+
+class ShardedSink(ABC, Generic[StateT, FileT, ItemT]):
     """The :class:`~fastloader.pack.sink.Sink` bookkeeping of a directory of data files (see the module doc).
 
-    A format's sink builds the state a new pack starts from (``fresh``) and implements three hooks:
-    ``_write`` checks an item (ValueError, writing nothing, when it is bad), then appends it to the
-    open file (``self._file``, opened under the name ``_next_name()`` when None) and returns the
-    samples that file holds; ``_commit`` makes the open file durable under its name, checks it and
-    returns its samples; ``_discard`` deletes it.
+    A format's sink builds the state a new pack starts from (``fresh``) and implements four hooks:
+    ``_encode`` checks and encodes an item whole, writing nothing (ValueError when it is bad);
+    ``_append`` appends an encoded item to the open file (``self._file``, opened under the name
+    ``_next_name()`` when None) and returns the samples that file holds; ``_commit`` makes the open
+    file durable under its name, checks it and returns its samples; ``_discard`` deletes its
+    temporary. Any exception from the last three poisons the sink (see the module doc).
     """
 
     SUFFIX: ClassVar[str]  # of the data file names
@@ -81,6 +100,7 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
         self._next_position = self._state.position  # the lowest position add / add_skipped accept
         self._file: FileT | None = None
         self._closed = False
+        self._failure: BaseException | None = None  # the write that poisoned the sink
         if not self._state.complete:
             self._discard_unrecorded()
 
@@ -107,14 +127,13 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
         return fresh
 
     def _data_files(self) -> list[Path]:
-        pattern = re.compile(rf"{re.escape(self.prefix)}-\d+{re.escape(self.SUFFIX)}")
-        return [path for path in self.dst_dir.iterdir() if pattern.fullmatch(path.name)]
+        return data_files(self.dst_dir, self.prefix, self.SUFFIX)
 
     def _next_name(self) -> str:
         return f"{self.prefix}-{len(self._state.shards):06d}{self.SUFFIX}"
 
     def _discard_unrecorded(self) -> None:
-        """Delete what a killed run left beyond the recorded state: a temporary or an unrecorded file."""
+        """Delete what a killed or failed run left beyond the recorded state: temporaries, unrecorded files."""
         recorded = {shard.name for shard in self._state.shards}
         for path in self._data_files():
             if path.name not in recorded:
@@ -134,7 +153,10 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
     # -- the hooks of a format ---------------------------------------------------------------------
 
     @abstractmethod
-    def _write(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> int: ...
+    def _encode(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> ItemT: ...
+
+    @abstractmethod
+    def _append(self, item: ItemT) -> int: ...
 
     @abstractmethod
     def _commit(self, file: FileT) -> int: ...
@@ -149,10 +171,12 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
 
     def add(self, position: int, key: str, label: int, data: bytes, fields: Mapping[str, Any] | None = None) -> None:
         self._check_position(position)
-        samples = self._write(key, label, data, fields or {})
+        item = self._encode(key, label, data, fields or {})  # ValueError: a bad item, nothing written
+        with self._writing(f"writing {key!r}"):
+            samples = self._append(item)
+            if samples >= self.shard_size:
+                self._close_file(position + 1)
         self._next_position = position + 1
-        if samples >= self.shard_size:
-            self._close_file()
 
     def add_skipped(self, position: int, key: str, reason: str) -> None:
         self._check_position(position)
@@ -166,40 +190,50 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
         """Record skipped items when no file is open; an open file stays open (see the module doc)."""
         self._check_open()
         if self._file is None and self._next_position > self._state.position:
-            self._record(self._state.shards)
+            with self._writing("recording progress"):
+                self._record(self._state.shards, self._next_position)
 
     def finish(self, classes: list[str] | None, meta: dict[str, Any]) -> None:
         self._check_open()
-        if self._file is not None:
-            self._close_file()  # the last, possibly short, file
-        self._state = dataclasses.replace(
-            self._state,
-            position=self._next_position,
-            skipped=(*self._state.skipped, *self._pending_skipped),
-            complete=True,
-            classes=None if classes is None else list(classes),
-            meta=dict(meta),
-        )
-        self._pending_skipped = []
-        atomic_write_bytes(self.dst_dir / self._state.MANIFEST_NAME, self._state.to_json())  # the commit point
+        with self._writing("finishing the pack"):
+            if self._file is not None:
+                self._close_file(self._next_position)  # the last, possibly short, file
+            state = dataclasses.replace(
+                self._state,
+                position=self._next_position,
+                skipped=(*self._state.skipped, *self._pending_skipped),
+                complete=True,
+                classes=None if classes is None else list(classes),
+                meta=dict(meta),
+            )
+            atomic_write_bytes(self.dst_dir / state.MANIFEST_NAME, state.to_json())  # the commit point
+            self._state, self._pending_skipped = state, []
         (self.dst_dir / self._state.PROGRESS_NAME).unlink(missing_ok=True)
         self._closed = True
 
     def close(self) -> None:
+        """Close without finishing; a healthy sink first records skipped items (``checkpoint``)."""
         if self._closed:
             return
-        if self._file is not None:
-            self._discard(self._file)  # not durable: the next run rewrites it
-            self._file = None
-        elif not self._state.complete:
-            self.checkpoint()
-        self._closed = True
+        try:
+            if self._file is not None:
+                file, self._file = self._file, None
+                self._discard(file)  # not durable: the next run rewrites it
+            elif self._failure is None and not self._state.complete:
+                self.checkpoint()
+        finally:
+            self._closed = True
 
     # -- internals --------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"{self.dst_dir}: this {self._state.WHAT} sink is closed")
+        if self._failure is not None:
+            raise RuntimeError(
+                f"{self.dst_dir}: an earlier write failed ({_describe(self._failure)}); this sink can only be "
+                "closed: run the same pack again to resume from its last durable file"
+            )
 
     def _check_position(self, position: int) -> None:
         self._check_open()
@@ -211,29 +245,44 @@ class ShardedSink(ABC, Generic[StateT, FileT]):
                 f"({self._next_position - 1}); positions must strictly increase from resume_position()"
             )
 
-    def _close_file(self) -> None:
-        """Make the open file durable and checked (``_commit``), then record it."""
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Poison the sink when the write in this block fails, whatever the step (see the module doc)."""
+        try:
+            yield
+        except BaseException as error:
+            self._failure = self._failure or error
+            if isinstance(error, ValueError):  # not a rejected item: the engine must not skip it and go on
+                raise RuntimeError(
+                    f"{self.dst_dir}: {what} failed ({_describe(error)}); what was durable is kept: run the same "
+                    "pack again to resume"
+                ) from error
+            raise
+
+    def _close_file(self, end_position: int) -> None:
+        """Make the open file durable and checked (``_commit``), then record it as ending at ``end_position``."""
         file, self._file = self._file, None
         if file is None:
             raise RuntimeError("no file is open")
         try:
             samples = self._commit(file)
+            _fsync_directory(self.dst_dir)  # the rename is durable before the progress file names the file
         except BaseException:
-            self._discard(file)
+            self._discard(file)  # a file already renamed into place stays unrecorded: the next run deletes it
             raise
-        _fsync_directory(self.dst_dir)  # the rename is durable before the progress file names the file
-        self._record((*self._state.shards, ShardRecord(file.name, samples, self._next_position)))
+        self._record((*self._state.shards, ShardRecord(file.name, samples, end_position)), end_position)
 
-    def _record(self, shards: tuple[ShardRecord, ...]) -> None:
-        """Replace the progress file: ``shards`` and every skipped item so far are now durable."""
-        self._state = dataclasses.replace(
-            self._state,
-            shards=shards,
-            position=self._next_position,
-            skipped=(*self._state.skipped, *self._pending_skipped),
+    def _record(self, shards: tuple[ShardRecord, ...], position: int) -> None:
+        """Replace the progress file: ``shards``, and every skipped item below ``position``, are now durable."""
+        state = dataclasses.replace(
+            self._state, shards=shards, position=position, skipped=(*self._state.skipped, *self._pending_skipped)
         )
-        self._pending_skipped = []
-        atomic_write_bytes(self.dst_dir / self._state.PROGRESS_NAME, self._state.to_json())
+        atomic_write_bytes(self.dst_dir / state.PROGRESS_NAME, state.to_json())
+        self._state, self._pending_skipped = state, []  # only once it is written: a failed write records nothing
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -9,6 +9,12 @@ duplicated. So:
   ``fastloader.fields.values``), part of the fingerprint; ``add`` gets each item's field values
   (a subset of those names: an item may lack a field) and must keep them exactly.
 * ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
+* ``add`` is all-or-nothing: it checks and encodes the whole item first, and raises ValueError,
+  having accepted nothing, for an item the output cannot hold (the engine then ``add_skipped``\\ s
+  that position). Any other failure (a write, a commit, at any step) *poisons* the sink: it records
+  nothing more, ``add`` / ``add_skipped`` / ``checkpoint`` / ``finish`` raise RuntimeError (never
+  ValueError), and ``close`` only closes. So what a sink has recorded is always durable, whatever
+  failed, and the same pack run again resumes from there.
 * ``checkpoint()`` makes durable what the sink's unit of durability allows: everything handed over
   for an LMDB sink (one transaction), whole files only for the tar and Parquet sinks (a file is
   renamed into place when complete, so a resume may redo up to one file of work: see

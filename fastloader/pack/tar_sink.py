@@ -16,8 +16,10 @@ its kind and member extension (see :mod:`fastloader.formats.tar_manifest` for ho
 chosen), so reading the pack gives back the exact names and kinds.
 
 Shards are the data files of :mod:`fastloader.pack.shard_sink`, which says how they become durable
-(a resumed run redoes at most one shard); the open shard's temporary is ``.{name}.partial``, and a
-shard is indexed (``{name}.fl-idx``, with the source key of each sample) before it is recorded.
+(a resumed run redoes at most one shard, and a failed commit poisons the sink); the open shard's
+temporary is ``.{name}.partial``, and a shard is indexed (``{name}.fl-idx``, with the source key of each
+sample) after its rename and before it is recorded: a shard renamed but not recorded, with or without
+its index, is deleted (index first) by the next run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import io
 import os
 import tarfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -90,7 +93,15 @@ class _OpenShard:
         self.temp.unlink(missing_ok=True)
 
 
-class TarShardSink(ShardedSink[TarPackState, _OpenShard]):
+@dataclass(frozen=True)
+class _Sample:
+    """A checked sample: its source key and its members' (extension, bytes), image first, as written."""
+
+    key: str
+    members: list[tuple[str, bytes]]
+
+
+class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
     """Write packed samples into tar shards of ``shard_size`` samples under ``dst_dir`` (see module doc).
 
     Implements :class:`fastloader.pack.sink.Sink`. Opening a destination that holds a different pack
@@ -123,24 +134,30 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard]):
         super().__init__(dst_dir, fresh, prefix=prefix, shard_size=shard_size)
 
     def _delete_unrecorded(self, path: Path) -> None:
+        default_index_path(path).unlink(missing_ok=True)  # the index first: never an index without its shard
         path.unlink()
-        default_index_path(path).unlink(missing_ok=True)
 
-    def _write(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> int:
+    def _encode(self, key: str, label: int, data: bytes, fields: Mapping[str, Any]) -> _Sample:
         ext = image_extension(data)
         if ext is None:
             raise ValueError(f"{key}: not a known image format (first bytes {data[:8]!r}); nothing written")
-        members = self._field_members(key, fields)  # all encoded before anything is written
+        try:
+            pack_strings([key])  # the index holds the source key
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{key!r}: a key UTF-8 cannot hold ({error}); nothing written") from None
+        members = [(ext, bytes(data))]
+        if label != _NO_LABEL:
+            members.append(("cls", str(int(label)).encode()))
+        return _Sample(key, [*members, *self._field_members(key, fields)])
+
+    def _append(self, sample: _Sample) -> int:
         if self._file is None:
             self._file = _OpenShard(self.dst_dir, self._next_name(), self._state.count)
         shard = self._file
-        sample = f"{shard.first_sample + len(shard.source_keys):09d}"
-        shard.add_member(f"{sample}.{ext}", data, self._state.created)
-        if label != _NO_LABEL:
-            shard.add_member(f"{sample}.cls", str(int(label)).encode(), self._state.created)
-        for extension, value in members:
-            shard.add_member(f"{sample}.{extension}", value, self._state.created)
-        shard.source_keys.append(key)
+        name = f"{shard.first_sample + len(shard.source_keys):09d}"
+        for extension, value in sample.members:
+            shard.add_member(f"{name}.{extension}", value, self._state.created)
+        shard.source_keys.append(sample.key)
         return len(shard.source_keys)
 
     def _field_members(self, key: str, fields: Mapping[str, Any]) -> list[tuple[str, bytes]]:
@@ -152,7 +169,10 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard]):
         for name, member in self._fields.items():
             if name in fields:
                 value = check_value(member.kind, fields[name], f"{key}: field {name!r}")  # FormatError: a ValueError
-                members.append((member.extension, encode_value(member.kind, value)))
+                try:
+                    members.append((member.extension, encode_value(member.kind, value)))
+                except UnicodeEncodeError as error:  # text or JSON holding lone surrogates: valid str, not UTF-8
+                    raise ValueError(f"{key}: field {name!r}: {error}") from None
         return members
 
     def _commit(self, shard: _OpenShard) -> int:

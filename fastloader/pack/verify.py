@@ -12,15 +12,20 @@ For a fastloader LMDB:
    kind the metadata gives it (a problem names the record and the field); record keys must run
    0 .. count - 1 with no gap, and every other key must be a reserved one.
 
-For tar shards written by ``fastloader pack --format tar``: the manifest must be complete, every
-sample readable and the count must match; every field member of every sample must decode as the
-kind the manifest records (a ``.json`` that is not JSON, an ``.npy`` that is not an array), and the
-shards must hold no member extension the manifest does not record. Tar members carry no checksum
+For both tar and Parquet packs, the manifest first: it must be complete and its numbers agree (no
+shard listed twice, counts and end positions that account for every source position: see
+:mod:`fastloader.formats.pack_state`), each shard's count must match the shard's own (a tar shard's
+index, a Parquet file's footer), no data file may lie beside it unrecorded, and the samples plus the
+skipped items must be the items of the source it records (for an LMDB too).
+
+For tar shards written by ``fastloader pack --format tar``: every sample must be readable, every
+field member of every sample must decode as the kind the manifest records (a ``.json`` that is not
+JSON, an ``.npy`` that is not an array), and the shards must hold no member extension the manifest
+does not record. Tar members carry no checksum
 of their data, so a flipped byte inside an image (or a byte string) is only found in an LMDB or in
 Parquet files.
 
-For Parquet files written by ``fastloader pack --format parquet``: the manifest must be complete,
-each file's footer must count the rows the manifest recorded, every row group must read with its
+For Parquet files written by ``fastloader pack --format parquet``: every row group must read with its
 page checksums verified, every row must have an image, and every field value must decode as its
 kind. Problems name the file and row, and the sample's key.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,7 @@ import numpy as np
 from fastloader.errors import FormatError
 from fastloader.fields.values import decode_value
 from fastloader.formats import lmdb_records as records
+from fastloader.formats.pack_state import PackState
 
 _MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record regardless
 
@@ -172,20 +179,68 @@ def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
             check.run(show_progress)
     except lmdb.Error as error:  # a structure the offline walk could not judge (or an older py-lmdb)
         return VerifyReport(path, "lmdb", 0, 0, (f"{path}: LMDB error while reading ({error})",))
-    return VerifyReport(path, "lmdb", handle.meta.count, check.checked, tuple(check.problems), tuple(check.bad))
+    meta = handle.meta
+    problems = [*_source_count_problems(path, meta.fingerprint, meta.count, meta.num_skipped), *check.problems]
+    return VerifyReport(path, "lmdb", meta.count, check.checked, tuple(problems), tuple(check.bad))
+
+
+def _source_count_problems(path: str, fingerprint: dict[str, Any], packed: int, skipped: int) -> list[str]:
+    """The pack against the source it records (``fingerprint["source"]["count"]``, as ``pack`` writes it):
+    each source item is packed or skipped, as its summary says."""
+    source = fingerprint.get("source")
+    total = source.get("count") if isinstance(source, dict) else None
+    if not isinstance(total, int) or total == packed + skipped:
+        return []
+    return [f"{path}: {packed} samples and {skipped} skipped, but the source packed held {total} items"]
+
+
+def _file_count_problems(path: str, state: PackState, what: str, samples: Callable[[str], int]) -> list[str]:
+    """Each data file the manifest records against the count its ``what`` (index, footer) gives: ``samples(file)``."""
+    problems = []
+    for shard in state.shards:
+        file = os.path.join(path, shard.name)
+        try:
+            found = samples(file)
+        except (OSError, ValueError) as error:  # FormatError is a ValueError; so is pyarrow's ArrowInvalid
+            problems.append(f"{file}: unreadable {what} ({type(error).__name__}: {error})")
+            continue
+        if found != shard.count:
+            problems.append(f"{file}: its {what} counts {found} samples, the manifest records {shard.count}")
+    return problems
+
+
+def _unrecorded_file_problems(path: str, state: PackState, suffix: str) -> list[str]:
+    """Data files beside the manifest that it does not record (a reader of the directory would see them)."""
+    recorded = {shard.name for shard in state.shards}
+    return [
+        f"{os.path.join(path, name)}: a data file the manifest does not record"
+        for name in sorted(os.listdir(path))
+        if name.endswith(suffix) and not name.startswith(".") and name not in recorded
+    ]
+
+
+def _tar_samples(shard: str) -> int:
+    from fastloader.formats.tar_shards import load_shard_index
+
+    return int(load_shard_index(shard).meta["samples"])  # rebuilt when the shard changed since it was indexed
 
 
 def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
     from fastloader.datasets.tar import TarShardSource
     from fastloader.formats.tar_manifest import TarPackState
 
-    state = TarPackState.read_manifest(path)  # FormatError if unfinished
-    expected = sum(shard.count for shard in state.shards)
+    state = TarPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
+    expected = state.count
+    problems = _file_count_problems(path, state, "index", _tar_samples)
+    problems += _unrecorded_file_problems(path, state, ".tar")
+    problems += _source_count_problems(path, state.fingerprint, expected, len(state.skipped))
+    if problems:
+        return VerifyReport(path, "tar", expected, 0, tuple(problems))
     try:
         source = TarShardSource(path)
     except FormatError as error:  # a shard that no longer parses (truncated, overwritten)
         return VerifyReport(path, "tar", expected, 0, (str(error),))
-    problems, bad = [], []
+    bad = []
     if len(source) != expected:
         problems.append(f"{path}: {len(source)} samples in the shards, the manifest announces {expected}")
     fields = [name for name in source.field_kinds() if name in state.fields]
@@ -235,18 +290,11 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
     from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 
     _, pq = import_pyarrow()
-    state = ParquetPackState.read_manifest(path)  # FormatError if unfinished
+    state = ParquetPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems: list[str] = []
-    for shard in state.shards:
-        file = os.path.join(path, shard.name)
-        try:
-            rows = pq.read_metadata(file).num_rows
-        except (OSError, ValueError) as error:
-            problems.append(f"{file}: unreadable footer ({type(error).__name__}: {error})")
-            continue
-        if rows != shard.count:
-            problems.append(f"{file}: {rows} rows, the manifest records {shard.count}")
+    problems = _file_count_problems(path, state, "footer", lambda file: int(pq.read_metadata(file).num_rows))
+    problems += _unrecorded_file_problems(path, state, ".parquet")
+    problems += _source_count_problems(path, state.fingerprint, expected, len(state.skipped))
     if problems:
         return VerifyReport(path, "parquet", expected, 0, tuple(problems))
     try:

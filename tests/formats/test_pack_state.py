@@ -17,21 +17,21 @@ from fastloader.formats.tar_manifest import TarPackState, field_members
 COMMON: dict[str, Any] = {
     "fingerprint": {"n": 3, "a": [1]},
     "created": 7,
-    "position": 5,
+    "position": 4,
     "shards": (ShardRecord("x-000000.tar", 2, 3),),
-    "skipped": (BadSample(1, "k", "why"),),
+    "skipped": (BadSample(1, "k", "why"), BadSample(3, "k3", "why")),
     "complete": True,
     "classes": ["a"],
     "meta": {"m": 1},
 }
 SHARD = {"name": "x-000000.tar", "count": 2, "end_position": 3}
-SKIPPED = {"position": 1, "key": "k", "reason": "why"}
+SKIPPED = [{"position": 1, "key": "k", "reason": "why"}, {"position": 3, "key": "k3", "reason": "why"}]
 
 
 def test_tar_state_bytes(tmp_path: Path) -> None:
     state = TarPackState(prefix="x", fields=field_members({"Caption": "text"}), **COMMON)
-    expected = {"fingerprint": {"n": 3, "a": [1]}, "prefix": "x", "created": 7, "position": 5, "shards": [SHARD]}
-    expected |= {"skipped": [SKIPPED], "complete": True, "classes": ["a"], "meta": {"m": 1}}
+    expected = {"fingerprint": {"n": 3, "a": [1]}, "prefix": "x", "created": 7, "position": 4, "shards": [SHARD]}
+    expected |= {"skipped": SKIPPED, "complete": True, "classes": ["a"], "meta": {"m": 1}}
     expected |= {"fields": {"Caption": {"kind": "text", "extension": "caption.txt"}}}
     expected |= {"format": "fastloader-tar", "version": 2, "count": 2}
     assert state.to_json() == json.dumps(expected, indent=1).encode()
@@ -41,8 +41,8 @@ def test_tar_state_bytes(tmp_path: Path) -> None:
 
 def test_parquet_state_bytes(tmp_path: Path) -> None:
     state = ParquetPackState(fields={"c": "text"}, **COMMON)
-    expected = {"fingerprint": {"n": 3, "a": [1]}, "created": 7, "fields": {"c": "text"}, "position": 5}
-    expected |= {"shards": [SHARD], "skipped": [SKIPPED], "complete": True, "classes": ["a"], "meta": {"m": 1}}
+    expected = {"fingerprint": {"n": 3, "a": [1]}, "created": 7, "fields": {"c": "text"}, "position": 4}
+    expected |= {"shards": [SHARD], "skipped": SKIPPED, "complete": True, "classes": ["a"], "meta": {"m": 1}}
     expected |= {"format": "fastloader-parquet", "version": 1, "count": 2}
     assert state.to_json() == json.dumps(expected, indent=1).encode()
     (tmp_path / "state.json").write_bytes(state.to_json())
@@ -57,3 +57,46 @@ def _with(tmp_path: Path, **changes: object) -> Path:
     path = tmp_path / "changed.json"
     path.write_text(json.dumps({**json.loads((tmp_path / "state.json").read_bytes()), **changes}))
     return path
+
+
+SECOND = {"name": "x-000001.tar", "count": 2, "end_position": 6}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"shards": [SHARD, SHARD]}, "shard 'x-000000.tar' is listed twice"),
+        ({"shards": [SHARD, {**SECOND, "name": SHARD["name"]}], "position": 6}, "shard 'x-000000.tar' is listed twice"),
+        ({"shards": [SHARD, {**SECOND, "end_position": 3}]}, r"shard 'x-000001.tar': end_position 3 is not after"),
+        ({"shards": [SHARD, SECOND]}, r"shard 'x-000001.tar': end_position 6 .* within the pack's position \(4\)"),
+        ({"shards": [{**SHARD, "count": -1}]}, "shard 'x-000000.tar': bad count -1"),
+        (
+            {"shards": [{**SHARD, "count": 3}]},
+            r"shard 'x-000000.tar': count 3, but it covers positions 0..2 of which 1 are skipped \(2",
+        ),
+        ({"shards": [{**SHARD, "end_position": 2}]}, r"shard 'x-000000.tar': count 2, but it covers positions 0..1 "),
+        ({"position": 7}, r"positions 3..6 are neither in a shard nor all skipped \(position 7, 2 samples"),
+        ({"count": 40}, "count 40, but its shards hold 2 samples"),
+        ({"position": -1}, "bad position -1"),
+        ({"skipped": [SKIPPED[1], SKIPPED[0]]}, "the skipped positions do not strictly increase within 0..3"),
+        ({"skipped": [SKIPPED[0], SKIPPED[0]]}, "the skipped positions do not strictly increase"),
+        ({"skipped": [SKIPPED[0], {**SKIPPED[1], "position": 4}]}, "the skipped positions do not strictly increase"),
+    ],
+)
+def test_a_state_whose_numbers_disagree_is_refused_naming_the_file_and_shard(
+    tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    """A shard listed twice would be served twice; a wrong end_position or count would resume at the wrong place."""
+    for state in (ParquetPackState(fields={}, **COMMON), TarPackState(prefix="x", **COMMON)):
+        (tmp_path / "state.json").write_bytes(state.to_json())
+        path = _with(tmp_path, **changes)
+        with pytest.raises(FormatError, match=f"{path}: {message}"):
+            type(state).read(path)
+
+
+def test_shards_and_skipped_items_that_account_for_every_position_read(tmp_path: Path) -> None:
+    shards = (ShardRecord(**SHARD), ShardRecord(**SECOND))
+    skipped = (*COMMON["skipped"], BadSample(6, "k6", "why"))  # positions 1 and 3 in the first shard, 6 after both
+    state = TarPackState(prefix="x", **{**COMMON, "position": 7, "shards": shards, "skipped": skipped})
+    (tmp_path / "state.json").write_bytes(state.to_json())
+    assert TarPackState.read(tmp_path / "state.json") == state and state.count == 4

@@ -238,3 +238,41 @@ def test_bad_options_are_named(folder, tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=name):
             pack(root, tmp_path / "x.lmdb", progress=False, **options)
     assert not (tmp_path / "x.lmdb").exists()
+
+
+def write_webdataset(path: Path, count: int, bad: int) -> None:
+    """A WebDataset shard ``s0000.jpg``/``.cls``/``.json``, ...; sample ``bad``'s JSON holds a lone surrogate
+    (valid JSON text, ``{"a": "\\ud800"}``, whose value no UTF-8 output can hold)."""
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for index in range(count):
+            text = b'{"a": "\\ud800"}' if index == bad else b'{"a": %d}' % index
+            for ext, data in (("jpg", image_bytes(index)), ("cls", str(index % 3).encode()), ("json", text)):
+                info = tarfile.TarInfo(f"s{index:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("shard_size", [50, 1000])
+@pytest.mark.parametrize("output", ["lmdb", "tar", "parquet"])
+def test_a_field_no_output_can_hold_rejects_only_its_sample(tmp_path: Path, output: str, shard_size: int) -> None:
+    from fastloader.fields.values import read_fields
+    from fastloader.pack.engine import open_source
+    from tests.images import pack_contents
+
+    write_webdataset(tmp_path / "src.tar", 120, bad=5)
+    dst = tmp_path / "out"
+    summary = pack(tmp_path / "src.tar", dst, format=output, shard_size=shard_size, workers=0, progress=False)
+    assert (summary.packed, summary.resumed_from) == (119, 0)
+    [bad] = summary.skipped
+    assert bad.position == 5 and bad.key.endswith("s0005") and bad.reason.startswith("rejected: ")
+    assert "'utf-8' codec can't encode character '\\ud800'" in bad.reason, bad.reason
+    assert Path(report_path(dst)).read_text().splitlines()[1].startswith(f"5\t{bad.key}\trejected: ")
+    source, _ = open_source(str(tmp_path / "src.tar"))
+    kept = [index for index in range(len(source)) if index != 5]
+    assert pack_contents(dst) == [(source.key(i), source.label(i), source.read(i)) for i in kept]
+    packed, _ = open_source(str(dst))
+    assert [read_fields(packed, i)["json"] for i in range(len(packed))] == [{"a": i} for i in kept]
+    report = verify(dst)
+    assert report.ok and report.checked == 119, report.problems

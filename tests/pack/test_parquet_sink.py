@@ -378,7 +378,7 @@ def test_verify_names_a_damaged_row_and_a_damaged_field(tmp_path: Path) -> None:
     # A file that lost rows: the manifest's count no longer matches.
     pq.write_table(table.slice(0, 4), part)
     report = verify(tmp_path / "again")
-    assert report.problems == (f"{part}: 4 rows, the manifest records 5",)
+    assert report.problems == (f"{part}: its footer counts 4 samples, the manifest records 5",)
 
 
 def test_pack_and_verify_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
