@@ -1,5 +1,9 @@
 # The two commands of the README. Both install what they need first (scripts/setup.sh).
-.PHONY: demo test setup bench
+.PHONY: demo test setup bench docs
+
+# The documentation site (docs/, Sphinx): warnings are errors (-W, all of them listed: --keep-going),
+# every cross-reference is checked (-n), and -E rereads every page so none of its warnings is skipped.
+SPHINX_BUILD = .venv/bin/sphinx-build -E -W --keep-going -n -b html docs docs/_build/html
 
 setup:
 	bash scripts/setup.sh
@@ -9,10 +13,14 @@ demo: setup
 
 test: setup
 	bash scripts/install_test_tools.sh
-	.venv/bin/ruff check fastloader tests benchmarks examples scripts
-	.venv/bin/ruff format --check fastloader tests benchmarks examples scripts
+	.venv/bin/ruff check fastloader tests benchmarks examples scripts docs/conf.py
+	.venv/bin/ruff format --check fastloader tests benchmarks examples scripts docs/conf.py
 	.venv/bin/mypy
+	$(SPHINX_BUILD)
 	.venv/bin/python -m pytest -q
+
+docs: setup
+	$(SPHINX_BUILD)
 
 bench: setup
 	.venv/bin/python benchmarks/bench_overlap.py

@@ -78,7 +78,9 @@ def main() -> None:
     summary = pack(args.data, packed, progress=False)
     print(f"pack: {summary.packed} images into {packed} ({time.perf_counter() - start:.1f}s)")
 
-    kwargs = {"batch_size": args.batch_size, "shuffle": True, "num_workers": args.workers, "pin_memory": True}
+    # Pinned memory makes the copy to the GPU asynchronous; without a GPU there is nothing to pin for.
+    pin = torch.cuda.is_available()
+    kwargs = {"batch_size": args.batch_size, "shuffle": True, "num_workers": args.workers, "pin_memory": pin}
     step_s = args.step_ms / 1000
     loaders = {
         "torchvision ImageFolder + torch DataLoader": DataLoader(
@@ -90,6 +92,8 @@ def main() -> None:
             **kwargs,
         ),
     }
+    where = "the GPU" if pin else "the CPU (no CUDA GPU here: nothing to pin, fastloader normalizes in its workers)"
+    print(f"\nload: RandomResizedCrop(224) + flip, batch {args.batch_size}, {args.workers} workers, to {where}")
     results = {}
     for name, loader in loaders.items():
         results[name] = images_per_second(loader, step_s)
@@ -103,7 +107,7 @@ def main() -> None:
     print(format_text(result))
     report = args.report or str(ROOT / "data" / "doctor-report.html")
     write_report(result, report)
-    print(f"report: {report}")
+    print(f"report: {report} (open it in a browser)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Screenshot a `fastloader doctor --report` page for the README: docs/doctor-report.png.
+"""Screenshot a `fastloader doctor --report` page for the docs: docs/doctor-report.png.
 
     fastloader doctor data/sample-2000.lmdb --report doctor-report.html    # (make demo writes it)
     python scripts/doctor_report_screenshot.py doctor-report.html [--out docs/doctor-report.png]
@@ -53,7 +53,7 @@ def main() -> None:
         while bottom > 1 and all(image.getpixel((x, bottom - 1)) == background for x in range(0, WIDTH, 4)):
             bottom -= 1
         image = image.crop((0, 0, WIDTH, min(bottom + 16, image.height)))
-        # A 128-colour palette keeps the PNG small enough for a README; the page uses few colours.
+        # A 128-colour palette keeps the PNG small enough for the docs; the page uses few colours.
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         image.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)

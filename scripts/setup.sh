@@ -14,7 +14,7 @@ TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 stamp="$VENV/.fastloader-setup"
 want=$(cat pyproject.toml scripts/setup.sh scripts/install_pillow_simd.sh fastloader/image/_jpeg.c | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-   && "$VENV/bin/python" -c "import fastloader, torch, torchvision, PIL, lmdb" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import fastloader, torch, torchvision, PIL, lmdb, sphinx" 2>/dev/null; then
   exit 0
 fi
 
@@ -32,10 +32,10 @@ fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 py="$VENV/bin/python"
-echo "setup: installing $TORCH_SPEC and fastloader[test] into $VENV"
+echo "setup: installing $TORCH_SPEC and fastloader[test,docs] into $VENV"
 # shellcheck disable=SC2086
 "$py" -m pip install -q $TORCH_SPEC
-"$py" -m pip install -q -e ".[test]"
+"$py" -m pip install -q -e ".[test,docs]"
 # Last, because any pip install that pulls torchvision re-installs Pillow over Pillow-SIMD.
 bash scripts/install_pillow_simd.sh "$py"
 echo "$want" > "$stamp"

@@ -61,3 +61,23 @@ def test_detection_example_trains_on_boxes_and_masks(tmp_path: Path) -> None:
     )
     loss = float(out.split("epoch 0: loss ")[1].split()[0])
     assert np.isfinite(loss) and "after 2 steps" in out
+
+
+def test_demo_says_what_the_machine_supports_instead_of_torch_warning(tmp_path: Path) -> None:
+    """`make demo`'s job on a tiny sample: no "pin_memory ... no accelerator" warning mid-output without a GPU."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = ["--images", "48", "--batch-size", "16", "--workers", "1", "--data", str(tmp_path / "sample")]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), *args, "--report", str(tmp_path / "report.html")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "speed-up: x" in done.stdout and "verdict:" in done.stdout and (tmp_path / "report.html").exists()
+    assert "pin_memory" not in done.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "to the CPU (no CUDA GPU here" in done.stdout

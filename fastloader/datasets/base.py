@@ -111,7 +111,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     ``fastloader.fields.specs``): a sequence gives tuple items, a mapping dict items.
 
     One seam: ``ds[i]``, the batched path and the error policy all get an item through ``_item``, whose
-    image comes from :meth:`_image` (the one override point: ImageFolder's ``loader(path)`` is one).
+    image comes from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one).
     """
 
     def __init__(

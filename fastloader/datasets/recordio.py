@@ -206,7 +206,7 @@ class RecordIOSource:
         return payload[image_start:]
 
     def header(self, index: int) -> IRHeader:
-        """The record's :class:`IRHeader`, read without its image."""
+        """The record's :class:`~fastloader.formats.recordio.IRHeader`, read without its image."""
         index = check_index(index, self._length)
         handle = self._local.get()
         if handle.last is not None and handle.last[0] == index:

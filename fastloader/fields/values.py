@@ -59,7 +59,7 @@ class FieldSource(Protocol):
 
     A source may also have ``field_aliases()``: the format's own names of the image and the label
     (``{"jpg": "image", "cls": "label"}`` for tar shards, ``{"image/encoded": "image", ...}`` for
-    TFRecord), so that users ask for fields in the format's naming (see :func:`aliases`).
+    TFRecord), so that users ask for fields in the format's naming (see ``aliases()``).
     """
 
     def field_kinds(self) -> Mapping[str, str]: ...

@@ -41,7 +41,7 @@ class CropPlan:
 
     ``box`` is ``(x0, y0, x1, y1)`` in source pixels (x1, y1 exclusive). It may extend past the
     image (a ``CenterCrop`` larger than the image): the pixels outside the image are 0, as in
-    torchvision (:func:`visible_region` splits it). ``size`` is the output ``(height, width)``;
+    torchvision (``visible_region()`` splits it). ``size`` is the output ``(height, width)``;
     ``flip`` mirrors the output left-right. ``exact_box`` is the box torchvision's resampling
     really samples when it does not fall on whole pixels (``Resize(256)`` then ``CenterCrop(224)``
     crops at fractional source coordinates); ``box`` is then its rounding. ``interpolation`` names

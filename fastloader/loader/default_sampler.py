@@ -1,6 +1,6 @@
 """Which sampler DataLoaderX hands torch when the user gave none, and when it splits the data over ranks.
 
-The rule (one sentence in the README): DataLoaderX splits a map-style dataset over the ranks only when
+The rule (docs/guide/distributed.md): DataLoaderX splits a map-style dataset over the ranks only when
 asked, by ``local_rank=`` (with more than one rank running) or ``distributed=True``. Frameworks that
 split the data themselves (Lightning, accelerate, DeepSpeed, Composer) then see exactly what torch's
 loader gives them; a split they did not ask for would be split a second time, silently training on

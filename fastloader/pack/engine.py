@@ -306,12 +306,12 @@ def pack(
     commit_every: int = DEFAULT_COMMIT_EVERY,
     map_size: int = DEFAULT_MAP_SIZE,
 ) -> PackSummary:
-    """Pack ``src`` (a path, or any :class:`Source`) into ``dst``; resume it if an earlier run was cut short.
+    """Pack ``src`` (a path, or any :class:`~fastloader.datasets.Source`) into ``dst``, resuming a run cut short.
 
     ``format``: ``lmdb`` (default), ``tar`` or ``parquet`` (files of ``shard_size`` items); ``dst`` may be an
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
-    (default: guessed, see :func:`detect_source_kind`); ``root``: the base of a file list's
+    (default: guessed, see ``detect_source_kind()``); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
     """

@@ -51,7 +51,7 @@ _MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record rega
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`verify`: ``ok`` when ``problems`` is empty."""
+    """The outcome of :func:`~fastloader.pack.verify`: ``ok`` when ``problems`` is empty."""
 
     path: str
     format: str  # "lmdb", "tar" or "parquet"
