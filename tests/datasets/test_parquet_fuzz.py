@@ -27,7 +27,7 @@ from fastloader.fields.values import MissingField, read_fields
 from fastloader.pack import verify
 from fastloader.pack.parquet_sink import ParquetSink
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KINDS = {"caption": "text", "count": "int", "score": "float", "meta": "json", "vec": "array", "raw": "bytes"}
 # What a mutation edits: any byte, a byte of the footer (thrift FileMetaData and its length), a bit of a
 # column name where the footer holds it (the thrift schema, the JSON schema metadata), or the file's end.
