@@ -66,7 +66,7 @@ from fastloader.formats.patterns import expand_pattern
 
 _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; others are reopened as needed
 DEFAULT_CACHE_ROW_GROUPS = 4  # ShardWindowSampler's default window
-DEFAULT_MAX_DECODE_BYTES = 256 << 20  # what one column of one row group may decode to (see _decode)
+DEFAULT_MAX_DECODE_BYTES = 256 << 20  # what one column of one row group may decode to (see _OpenFiles.decode)
 _CACHE_BYTES = 512 << 20  # decoded row groups kept per process, at most (the latest one always)
 # Rows decoded at a time: as many as fit _BATCH_BYTES if one row were as large as its whole row group
 # (the most a row can be, whatever the encoding, in a file whose footer is true), within these bounds.
@@ -130,7 +130,7 @@ class _OpenFiles:
             raise _unreadable(path, error) from None
         try:
             parquet = pq.ParquetFile(mapped, page_checksum_verification=self._verify)
-        except (OSError, pa.ArrowException) as error:
+        except (OSError, ValueError, pa.ArrowException) as error:
             mapped.close()
             raise _unreadable(path, error) from None
         except BaseException:
@@ -149,7 +149,7 @@ class _OpenFiles:
             self._groups.move_to_end((file, group))
             if spec.column in entry:
                 return entry[spec.column]
-        array = self._decode(file, group, spec, rows)
+        array = self.decode(file, group, spec, rows)
         self.reads += 1
         if entry is None:
             entry = self._groups[(file, group)] = {}
@@ -157,7 +157,7 @@ class _OpenFiles:
         self._evict()
         return array
 
-    def _decode(self, file: int, group: int, spec: Column, rows: int) -> Any:
+    def decode(self, file: int, group: int, spec: Column, rows: int) -> Any:
         """Decode a column chunk in batches of rows, refusing past ``max_decode_bytes``.
 
         A dictionary page, a delta encoding or compression can make a few KB of file decode to
@@ -192,7 +192,9 @@ class _OpenFiles:
             array = pa.chunked_array(arrays)
             if spec.how == "hf_image":
                 array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
-        except (OSError, pa.ArrowException) as error:  # a bad page or checksum, a file changed since
+        except FormatError:
+            raise
+        except (OSError, ValueError, KeyError, pa.ArrowException) as error:  # a bad page or checksum, a file changed
             raise FormatError(f"{what} ({type(error).__name__}: {error})") from error
         return array
 
@@ -329,30 +331,20 @@ class ParquetSource:
         return self.location(index) if value is NULL else str(value)
 
     def labels(self) -> np.ndarray:
-        """Every label (-1 where there is none), read from each file's label column."""
-        parts = []
-        for file, layout in enumerate(self._layouts):
-            count = int(self._file_starts[file + 1] - self._file_starts[file])
-            if layout.label is None:
-                parts.append(np.full(count, -1, dtype=np.int64))
+        """Every label (-1 where there is none), read from each row group's label column (within the
+        decode limit, and not kept: a label column is read once for the whole dataset)."""
+        parts = [np.zeros(0, np.int64)]
+        files = self._local.get()
+        for group in range(len(self._starts) - 1):
+            file = int(self._group_file[group])
+            rows = int(self._starts[group + 1] - self._starts[group])
+            spec = self._layouts[file].label
+            if spec is None or rows == 0:
+                parts.append(np.full(rows, -1, dtype=np.int64))
                 continue
-            parts.append(self._label_column(file, layout.label.column, count))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def _label_column(self, file: int, column: str, count: int) -> np.ndarray:
-        """The label column of a whole file: integers (the layout checked), 8 bytes a row whatever the encoding."""
-        pa, _ = import_pyarrow()
-        path = self.paths[file]
-        try:
-            array = self._local.get().parquet_file(file).read(columns=[column]).column(column)
-            labels = array.fill_null(-1).to_numpy().astype(np.int64)
-        except (OSError, pa.ArrowException) as error:
-            raise FormatError(
-                f"{path}: cannot read its label column {column!r} ({type(error).__name__}: {error})"
-            ) from None
-        if len(labels) != count:
-            raise FormatError(f"{path}: {len(labels)} labels in column {column!r} where its footer counts {count} rows")
-        return labels
+            array = files.decode(file, group - int(self._first_group[file]), spec, rows)
+            parts.append(array.fill_null(-1).to_numpy().astype(np.int64))
+        return np.concatenate(parts)
 
     # -- the FieldSource protocol -----------------------------------------------------------------
 

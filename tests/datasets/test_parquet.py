@@ -107,6 +107,7 @@ def test_hugging_face_files_read_back_exactly(hf_dir) -> None:
     assert len(source) == 26 and source.classes == CLASSES
     assert field_kinds(source) == {"caption": "text", "embedding": "array", "meta": "json", "score": "float"}
     assert aliases(source) == {"image": "image", "label": "label"}
+    assert source.labels().tolist() == [-1 if r["label"] is None else r["label"] for r in rows]  # across row groups
     files = sorted(str(directory / name) for name in os.listdir(directory))
     order = list(range(len(source)))
     random.Random(0).shuffle(order)

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fastloader.datasets.parquet import ParquetSource
-from fastloader.errors import FormatError
+from fastloader.datasets.parquet import ParquetDataset, ParquetSource
+from fastloader.errors import DecodeError, FormatError
 from fastloader.fields.values import MissingField, read_fields
 from fastloader.pack import verify
 from fastloader.pack.parquet_sink import ParquetSink
@@ -128,6 +128,15 @@ def read_all(source: ParquetSource) -> list[tuple[Any, ...]]:
     return rows
 
 
+def decode_all(dataset: ParquetDataset) -> None:
+    """Every sample as the dataset gives it; an image whose bytes changed is the decoder's DecodeError."""
+    for i in range(len(dataset)):
+        try:
+            dataset[i]
+        except DecodeError:
+            continue
+
+
 def outcome(read: Callable[[], Any], path: Path) -> Any:
     """``read()``'s result, or None for a FormatError, which must name the file."""
     try:
@@ -189,6 +198,7 @@ def test_a_mutated_foreign_file_reads_as_data_or_a_format_error(changes: list[tu
         path = write_foreign(folder / "train.parquet")
         mutate(path, changes, ["image", "bytes", "path", "label", "tags", "meta", "attrs", "words", "when"])
         outcome(lambda: read_all(ParquetSource(path)), path)
+        outcome(lambda: decode_all(ParquetDataset(path)), path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
