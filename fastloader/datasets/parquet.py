@@ -163,8 +163,9 @@ class _OpenFiles:
         A dictionary page, a delta encoding or compression can make a few KB of file decode to
         gigabytes, and the footer's sizes are only the writer's word; so the check is on what was
         decoded, after each batch: memory stays within the limit and one batch whatever the file holds.
-        The footer only sizes the batches (and only the row group's total: pyarrow aborts the process
-        on some damaged column chunk metadata that it reads itself without harm).
+        The footer only sizes the batches, and by the row group's total: asking pyarrow for a column
+        chunk's own metadata (``row_group(g).column(i)``) aborts the process on some damaged footers (an
+        uncaught C++ exception) that its reader reports as an OSError.
         """
         pa, _ = import_pyarrow()
         parquet, path = self.parquet_file(file), self._paths[file]
