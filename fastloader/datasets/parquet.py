@@ -108,6 +108,16 @@ def _footer(
     return file_layout(path, schema, image_column, label_column, key_column), rows
 
 
+def footer_rows(path: str) -> int:
+    """The rows the footer of the Parquet file at ``path`` counts; a FormatError naming it when it cannot
+    be read (pyarrow raises OSError, ArrowInvalid, ArrowNotImplementedError, UnicodeDecodeError...)."""
+    pa, pq = import_pyarrow()
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise _unreadable(path, error) from None
+
+
 class _OpenFiles:
     """Per process: the memory-mapped files and the row groups last read (see the module docstring)."""
 
