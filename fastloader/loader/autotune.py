@@ -11,9 +11,9 @@ of the time between batches over its median, plus one), within a quarter of the 
 The trials ask for batches within ``TRIALS_BUDGET_S`` (5 s) in all, worker start-ups included: a
 trial loader waits for a batch only while the budget lasts (its ``timeout``), and asks for none when
 the last wait, repeated, would end after it (a worker busy with a batch then finishes it before it
-stops). The best count the finished trials found is kept; a
-dataset too slow for one trial to finish keeps the provisional number (the cores this rank may use:
-any number of workers gives a map-style dataset's items once each), and a warning says so.
+stops). The best count the finished trials found is kept; a dataset too slow for one trial to finish
+keeps the provisional number (the cores this rank may use: any number of workers gives a map-style
+dataset's items once each), and a warning says so.
 
 An IterableDataset cannot be measured this way (no indices to give the trials), and each worker
 iterates its own copy of it: unless it splits its items between the workers itself, ``N`` workers
