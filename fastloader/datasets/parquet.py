@@ -18,6 +18,14 @@ uniformly random access over a large dataset reads a whole row group per item. S
 gives it the row groups, which it then reads in windows. At most ``_MAX_OPEN_FILES`` files are open
 per process.
 
+Memory: one column of one row group may decode to at most ``max_decode_bytes`` (256 MiB by default),
+counted as it decodes, in batches of rows. A few KB of dictionary-encoded, delta-encoded or compressed
+Parquet can decode to gigabytes while its footer announces kilobytes, so past the limit a read is a
+FormatError naming the file, row group and column (a genuine row group that large needs a larger
+``max_decode_bytes``). Any other damage (a footer, schema metadata or page that does not parse, a
+column name changed, a value no writer stores) is a FormatError naming the file and, where the read
+got that far, the row.
+
 Columns:
 
 * the image: ``image_column``, else the one our own packs name, else a Hugging Face ``Image``
@@ -40,216 +48,29 @@ Columns:
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField, decode_value
-from fastloader.formats.parquet_pack import PACK_FORMAT, SCHEMA_META_KEY, ParquetPackState, import_pyarrow
+from fastloader.fields.values import MissingField
+from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
 
 _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; others are reopened as needed
 DEFAULT_CACHE_ROW_GROUPS = 4  # ShardWindowSampler's default window
+DEFAULT_MAX_DECODE_BYTES = 256 << 20  # what one column of one row group may decode to (see _OpenFiles.decode)
 _CACHE_BYTES = 512 << 20  # decoded row groups kept per process, at most (the latest one always)
-_IMAGE_NAMES = ("image", "jpg", "jpeg", "png", "webp", "img")
-_LABEL_NAMES = ("label", "labels", "cls", "class")
-_KEY_NAMES = ("key", "__key__", "id")
-_NULL: Any = object()  # a null cell (JSON's null is a value: None)
-
-
-@dataclass(frozen=True)
-class _Column:
-    """How one field (or the image, label or key) is read from its top-level column.
-
-    ``how``: ``binary``, ``hf_image`` (the ``bytes`` of a struct), ``text``, ``int``, ``float``,
-    ``list`` (a numpy array of ``dtype``), ``npy`` (binary ``.npy``), ``json_text`` (JSON in a
-    string), ``json`` (a nested Arrow value) or ``str`` (``str`` of a scalar: dates, decimals).
-    """
-
-    name: str
-    column: str
-    kind: str
-    how: str
-    dtype: str | None = None
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """What the columns of one file hold."""
-
-    image: _Column
-    label: _Column | None
-    key: _Column | None
-    fields: dict[str, _Column]
-    classes: list[str] | None
-
-
-def _is_hf_image(pa: Any, arrow_type: Any) -> bool:
-    """A Hugging Face ``Image`` feature: ``struct<bytes: binary, path: string>``."""
-    if not pa.types.is_struct(arrow_type):
-        return False
-    names = [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
-    return "bytes" in names and _is_binary(pa, arrow_type.field("bytes").type) and set(names) <= {"bytes", "path"}
-
-
-def _is_binary(pa: Any, arrow_type: Any) -> bool:
-    types = pa.types
-    return bool(
-        types.is_binary(arrow_type) or types.is_large_binary(arrow_type) or types.is_fixed_size_binary(arrow_type)
-    )
-
-
-def _is_string(pa: Any, arrow_type: Any) -> bool:
-    return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type))
-
-
-def _is_number(pa: Any, arrow_type: Any) -> bool:
-    types = pa.types
-    return bool(types.is_integer(arrow_type) or types.is_floating(arrow_type) or types.is_boolean(arrow_type))
-
-
-def _infer(pa: Any, name: str, arrow_type: Any) -> _Column | None:
-    """The field a column of a foreign file is, from its Arrow type (None: not a field)."""
-    types = pa.types
-    if types.is_dictionary(arrow_type):
-        arrow_type = arrow_type.value_type  # read back decoded: the dictionary is an encoding
-    if _is_hf_image(pa, arrow_type):
-        return _Column(name, name, "image", "hf_image")
-    if _is_binary(pa, arrow_type):
-        return _Column(name, name, "bytes", "binary")
-    if _is_string(pa, arrow_type):
-        return _Column(name, name, "text", "text")
-    if types.is_integer(arrow_type) or types.is_boolean(arrow_type):
-        return _Column(name, name, "int", "int")
-    if types.is_floating(arrow_type):
-        return _Column(name, name, "float", "float")
-    if types.is_list(arrow_type) or types.is_large_list(arrow_type) or types.is_fixed_size_list(arrow_type):
-        value_type = arrow_type.value_type
-        if _is_number(pa, value_type):
-            return _Column(name, name, "array", "list", np.dtype(value_type.to_pandas_dtype()).str)
-        return _Column(name, name, "json", "json")
-    if types.is_struct(arrow_type) or types.is_map(arrow_type):
-        return _Column(name, name, "json", "json")
-    if types.is_temporal(arrow_type) or types.is_decimal(arrow_type):
-        return _Column(name, name, "text", "str")
-    return None
-
-
-def _hf_features(metadata: Mapping[bytes, bytes]) -> dict[str, Any]:
-    """The ``features`` of the schema metadata Hugging Face ``datasets`` writes (``{}`` without)."""
-    try:
-        features = json.loads(metadata[b"huggingface"])["info"]["features"]
-    except (KeyError, TypeError, ValueError):
-        return {}
-    return features if isinstance(features, dict) else {}
-
-
-def _own_meta(metadata: Mapping[bytes, bytes], path: str) -> dict[str, Any] | None:
-    """The schema metadata ``fastloader pack --format parquet`` wrote, None for a foreign file."""
-    raw = metadata.get(SCHEMA_META_KEY)
-    if raw is None:
-        return None
-    try:
-        meta = json.loads(raw)
-        if meta.get("format") != PACK_FORMAT or not isinstance(meta.get("fields"), list):
-            raise ValueError(f"format {meta.get('format')!r}")
-        return dict(meta)
-    except (ValueError, AttributeError) as error:
-        raise FormatError(f"{path}: unreadable fastloader schema metadata ({error})") from None
-
-
-def _own_column(entry: Mapping[str, Any], path: str) -> _Column:
-    """A field as a pack described it (see ``fastloader.formats.parquet_pack``)."""
-    kind, encoding = entry["kind"], entry.get("encoding")
-    how = {"image": "binary", "bytes": "binary", "text": "text", "json": "json_text", "int": "int", "float": "float"}
-    if kind == "array":
-        if encoding not in ("list", "npy"):
-            raise FormatError(f"{path}: field {entry['name']!r}: unknown array encoding {encoding!r}")
-        return _Column(entry["name"], entry["column"], kind, encoding, entry.get("dtype"))
-    if kind not in how:
-        raise FormatError(f"{path}: field {entry['name']!r}: unknown kind {kind!r}")
-    return _Column(entry["name"], entry["column"], kind, how[kind])
-
-
-def _layout(
-    path: str, schema: Any, image_column: str | None, label_column: str | None, key_column: str | None
-) -> _Layout:
-    """What the columns of the file at ``path`` (its Arrow ``schema``) hold: see the module docstring."""
-    pa, _ = import_pyarrow()
-    names = list(schema.names)
-    if len(set(names)) != len(names):
-        raise FormatError(f"{path}: duplicate column names ({names})")
-    types = {name: schema.field(name).type for name in names}
-    metadata = schema.metadata or {}
-    own, hf = _own_meta(metadata, path), _hf_features(metadata)
-
-    def given(column: str | None, what: str) -> str | None:
-        if column is not None and column not in types:
-            raise FormatError(f"{path}: no column {column!r} for the {what} (columns: {names})")
-        return column
-
-    image = given(image_column, "image") or (own or {}).get("image")
-    if image is None:
-        hf_images = [n for n in names if hf.get(n, {}).get("_type") == "Image" and _is_hf_image(pa, types[n])]
-        binaries = [name for name in _IMAGE_NAMES if name in types and _is_binary(pa, types[name])]
-        structs = [name for name in names if _is_hf_image(pa, types[name])]
-        image = next(iter(hf_images + binaries + structs), None)
-    if image is None:
-        raise FormatError(f"{path}: no image column found: pass image_column= (columns: {names})")
-    image_type = types[image]
-    if _is_hf_image(pa, image_type):
-        image_spec = _Column("image", image, "image", "hf_image")
-    elif _is_binary(pa, image_type):
-        image_spec = _Column("image", image, "image", "binary")
-    else:
-        raise FormatError(f"{path}: image column {image!r} holds {image_type}, not binary image bytes")
-
-    label = given(label_column, "label")
-    if label is None and own is not None:
-        label = own.get("label")
-    elif label is None:
-        label = next((n for n in _LABEL_NAMES if n in types and pa.types.is_integer(types[n])), None)
-    if label is not None and not pa.types.is_integer(types[label]):
-        raise FormatError(f"{path}: label column {label!r} holds {types[label]}, not integers")
-    key = given(key_column, "key")
-    if key is None and own is not None:
-        key = own.get("key")
-    elif key is None:
-        key = next((n for n in _KEY_NAMES if n in types and _is_string(pa, types[n])), None)
-    if key is not None and key in (image, label):
-        raise FormatError(f"{path}: column {key!r} cannot be both the key and the image or label")
-
-    described = {entry["column"]: _own_column(entry, path) for entry in (own or {}).get("fields", [])}
-    fields: dict[str, _Column] = {}
-    for name in names:
-        if name in (image, label, key):
-            continue
-        spec = described.get(name) or _infer(pa, name, types[name])
-        if spec is not None:
-            if spec.name in fields:
-                raise FormatError(f"{path}: two columns hold field {spec.name!r}")
-            fields[spec.name] = spec
-    classes = None
-    if label is not None:
-        names_of = hf.get(label, {}).get("names")
-        if isinstance(names_of, list) and all(isinstance(n, str) for n in names_of):
-            classes = list(names_of)
-    return _Layout(
-        image_spec,
-        None if label is None else _Column("label", label, "int", "int"),
-        None if key is None else _Column("key", key, "text", "text"),
-        fields,
-        classes,
-    )
+# Rows decoded at a time: as many as fit _BATCH_BYTES if one row were as large as its whole row group
+# (the most a row can be, whatever the encoding, in a file whose footer is true), within these bounds.
+_BATCH_BYTES, _MIN_BATCH_ROWS, _MAX_BATCH_ROWS = 16 << 20, 16, 65536
 
 
 def _file_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], list[str] | None, dict[str, str]]:
@@ -267,13 +88,43 @@ def _file_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], 
     return expand_pattern(pattern), None, {}
 
 
+def _unreadable(path: str, error: BaseException) -> FormatError:
+    return FormatError(f"{path}: not a readable Parquet file ({type(error).__name__}: {error})")
+
+
+def _footer(
+    path: str, image_column: str | None, label_column: str | None, key_column: str | None
+) -> tuple[Layout, list[int]]:
+    """The layout of the file at ``path`` and its row groups' row counts, from its footer."""
+    pa, pq = import_pyarrow()
+    try:
+        metadata = pq.read_metadata(path)
+        schema = metadata.schema.to_arrow_schema()
+        rows = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    except (OSError, ValueError, pa.ArrowException) as error:  # ArrowNotImplementedError, a name not UTF-8, ...
+        raise _unreadable(path, error) from None
+    if any(count < 0 for count in rows):
+        raise FormatError(f"{path}: not a readable Parquet file (its footer counts {min(rows)} rows in a row group)")
+    return file_layout(path, schema, image_column, label_column, key_column), rows
+
+
+def footer_rows(path: str) -> int:
+    """The rows the footer of the Parquet file at ``path`` counts; a FormatError naming it when it cannot
+    be read (pyarrow raises OSError, ArrowInvalid, ArrowNotImplementedError, UnicodeDecodeError...)."""
+    pa, pq = import_pyarrow()
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (OSError, ValueError, pa.ArrowException) as error:
+        raise _unreadable(path, error) from None
+
+
 class _OpenFiles:
     """Per process: the memory-mapped files and the row groups last read (see the module docstring)."""
 
-    def __init__(self, paths: list[str], cache_row_groups: int, verify_checksums: bool) -> None:
-        self._paths, self._keep, self._verify = paths, cache_row_groups, verify_checksums
+    def __init__(self, paths: list[str], cache_row_groups: int, verify_checksums: bool, max_decode: int) -> None:
+        self._paths, self._keep, self._verify, self._max_decode = paths, cache_row_groups, verify_checksums, max_decode
         self._files: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # file -> (ParquetFile, memory map)
-        self._groups: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()  # -> column -> Array
+        self._groups: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()  # -> column -> ChunkedArray
         self.reads = 0  # column chunks read (row group x column), for cache_info()
 
     def parquet_file(self, file: int) -> Any:
@@ -282,9 +133,16 @@ class _OpenFiles:
             self._files.move_to_end(file)
             return opened[0]
         pa, pq = import_pyarrow()
-        mapped = pa.memory_map(self._paths[file])
+        path = self._paths[file]
+        try:
+            mapped = pa.memory_map(path)
+        except (OSError, pa.ArrowException) as error:
+            raise _unreadable(path, error) from None
         try:
             parquet = pq.ParquetFile(mapped, page_checksum_verification=self._verify)
+        except (OSError, ValueError, pa.ArrowException) as error:
+            mapped.close()
+            raise _unreadable(path, error) from None
         except BaseException:
             mapped.close()
             raise
@@ -293,22 +151,62 @@ class _OpenFiles:
             self._files.popitem(last=False)[1][1].close()  # buffers still in use keep their mapping
         return parquet
 
-    def column(self, file: int, group: int, spec: _Column) -> Any:
-        """The column of ``spec`` in row group ``group`` of ``file``, one Arrow array (read once)."""
+    def column(self, file: int, group: int, spec: Column, rows: int) -> Any:
+        """The column of ``spec`` in row group ``group`` of ``file`` (``rows`` rows), read once; a
+        FormatError saying why when it cannot be."""
         entry = self._groups.get((file, group))
         if entry is not None:
             self._groups.move_to_end((file, group))
             if spec.column in entry:
                 return entry[spec.column]
-        table = self.parquet_file(file).read_row_group(group, columns=[spec.column])
-        array = table.column(spec.column).combine_chunks()  # "a.b" may also bring a nested "a": by name
-        if spec.how == "hf_image":
-            array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
+        array = self.decode(file, group, spec, rows)
         self.reads += 1
         if entry is None:
             entry = self._groups[(file, group)] = {}
         entry[spec.column] = array
         self._evict()
+        return array
+
+    def decode(self, file: int, group: int, spec: Column, rows: int) -> Any:
+        """Decode a column chunk in batches of rows, refusing past ``max_decode_bytes``.
+
+        A dictionary page, a delta encoding or compression can make a few KB of file decode to
+        gigabytes, and the footer's sizes are only the writer's word; so the check is on what was
+        decoded, after each batch: memory stays within the limit and one batch whatever the file holds.
+        The footer only sizes the batches, and by the row group's total: asking pyarrow for a column
+        chunk's own metadata (``row_group(g).column(i)``) aborts the process on some damaged footers (an
+        uncaught C++ exception) that its reader reports as an OSError.
+        """
+        pa, _ = import_pyarrow()
+        parquet, path = self.parquet_file(file), self._paths[file]
+        what = f"cannot read column {spec.column!r} of row group {group} in {path}"
+        try:
+            footer_bytes = parquet.metadata.row_group(group).total_byte_size
+            batch_rows = max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, _BATCH_BYTES // max(1, footer_bytes)))
+            batches = parquet.iter_batches(
+                batch_size=batch_rows, row_groups=[group], columns=[spec.column], use_threads=False
+            )
+            arrays, decoded = [], 0
+            for batch in batches:
+                arrays.append(batch.column(spec.column))  # "a.b" may also bring a nested "a": by name
+                decoded += arrays[-1].nbytes
+                if decoded > self._max_decode:
+                    raise FormatError(
+                        f"{what}: it decodes to more than max_decode_bytes={self._max_decode:,} bytes"
+                        f" ({decoded:,} bytes by row {sum(map(len, arrays)):,} of {rows:,}, where the footer gives"
+                        f" the whole row group {footer_bytes:,}): a file made to exhaust memory, or a row group"
+                        " too large for this limit (max_decode_bytes= raises it)"
+                    )
+            found = sum(map(len, arrays))
+            if found != rows:
+                raise FormatError(f"{what}: {found} values where its footer counts {rows} rows")
+            array = pa.chunked_array(arrays)
+            if spec.how == "hf_image":
+                array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
+        except FormatError:
+            raise
+        except (OSError, ValueError, KeyError, pa.ArrowException) as error:  # a bad page or checksum, a file changed
+            raise FormatError(f"{what} ({type(error).__name__}: {error})") from error
         return array
 
     def _evict(self) -> None:
@@ -321,37 +219,6 @@ class _OpenFiles:
         return {"column_reads": self.reads, "cached_row_groups": len(self._groups), "open_files": len(self._files)}
 
 
-def _value(spec: _Column, array: Any, row: int, where: Callable[[], str]) -> Any:
-    """The Python value of ``array[row]`` (``_NULL`` for a null) as the field kind of ``spec`` has it;
-    ``where()`` names it in errors (called only then: a key may cost a read)."""
-    scalar = array[row]
-    if not scalar.is_valid:
-        return _NULL
-    how = spec.how
-    if how in ("binary", "hf_image", "text", "json"):
-        if how == "json":
-            return scalar.as_py(maps_as_pydicts="strict")
-        return scalar.as_py()
-    if how == "int":
-        return int(scalar.as_py())
-    if how == "float":
-        return float(scalar.as_py())
-    if how == "list":
-        values = scalar.values
-        if values.null_count:
-            raise FormatError(f"{where()}: the list holds nulls: not an array of numbers")
-        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=spec.dtype)
-    if how == "npy":
-        return decode_value("array", scalar.as_py(), where())
-    if how == "json_text":
-        text = scalar.as_py()
-        try:
-            return json.loads(text)
-        except ValueError:
-            return decode_value("json", text.encode("utf-8"), where())  # raises, naming the field
-    return str(scalar.as_py())  # "str": dates, times, decimals
-
-
 class ParquetSource:
     """A :class:`~fastloader.datasets.base.Source` and :class:`~fastloader.fields.values.FieldSource`
     over Parquet files (see the module docstring for the columns and the costs).
@@ -360,7 +227,9 @@ class ParquetSource:
     parquet`` output), a brace / glob pattern or a list. ``image_column`` / ``label_column`` /
     ``key_column``: which columns hold them (default: found as the module docstring says).
     ``cache_row_groups``: row groups each process keeps decoded. ``verify_checksums``: check the
-    page checksums of files that have them (``fastloader verify`` does).
+    page checksums of files that have them (``fastloader verify`` does). ``max_decode_bytes``: what
+    reading one column of one row group may decode to; past it a read is a FormatError naming the file,
+    row group and column (a few KB of Parquet can decode to gigabytes: see the module docstring).
     """
 
     def __init__(
@@ -372,22 +241,20 @@ class ParquetSource:
         key_column: str | None = None,
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
         verify_checksums: bool = False,
+        max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
     ) -> None:
-        if not isinstance(cache_row_groups, int) or cache_row_groups < 1:
-            raise ValueError(f"cache_row_groups must be a positive integer, got {cache_row_groups!r}")
-        _, pq = import_pyarrow()
+        for name, number in (("cache_row_groups", cache_row_groups), ("max_decode_bytes", max_decode_bytes)):
+            if not isinstance(number, int) or number < 1:
+                raise ValueError(f"{name} must be a positive integer, got {number!r}")
+        import_pyarrow()
         self.paths, pack_classes, pack_fields = _file_list(pattern)
-        layouts: list[_Layout] = []
+        layouts: list[Layout] = []
         group_rows: list[int] = []
         first_group = [0]
         for path in self.paths:
-            try:
-                metadata = pq.read_metadata(path)
-                schema = metadata.schema.to_arrow_schema()
-            except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
-                raise FormatError(f"{path}: not a readable Parquet file ({type(error).__name__}: {error})") from None
-            layouts.append(_layout(path, schema, image_column, label_column, key_column))
-            group_rows.extend(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))
+            layout, rows = _footer(path, image_column, label_column, key_column)
+            layouts.append(layout)
+            group_rows.extend(rows)
             first_group.append(len(group_rows))
         for path, layout in zip(self.paths[1:], layouts[1:]):
             _check_same(self.paths[0], layouts[0], path, layout)
@@ -399,7 +266,9 @@ class ParquetSource:
         self._group_file = np.repeat(np.arange(len(self.paths), dtype=np.int32), np.diff(self._first_group))
         self._file_starts = self._starts[self._first_group]  # the first item of each file
         self._length = int(self._starts[-1])
-        self._local = ProcessLocal(partial(_OpenFiles, self.paths, cache_row_groups, verify_checksums))
+        self._local = ProcessLocal(
+            partial(_OpenFiles, self.paths, cache_row_groups, verify_checksums, max_decode_bytes)
+        )
 
     def __len__(self) -> int:
         return self._length
@@ -426,26 +295,35 @@ class ParquetSource:
         file = self._locate(index)[0]
         return f"{self.paths[file]}#{index - int(self._file_starts[file])}"
 
-    def _cell(self, file: int, group: int, row: int, spec: _Column, where: Callable[[], str]) -> Any:
-        """Row ``row`` of row group ``group`` in the column of ``spec`` (``_NULL`` for a null)."""
-        in_file = group - int(self._first_group[file])
+    def _name(self, index: int) -> str:
+        """Item ``index`` in messages: ``"<file>#<row>"``, with its key in brackets where the file has one."""
+        location = self.location(index)
+        if self._layouts[self._locate(index)[0]].key is None:
+            return location
         try:
-            array = self._local.get().column(file, in_file, spec)
-        except (OSError, ValueError) as error:  # pyarrow's: a bad page or checksum, a file changed since
-            raise FormatError(
-                f"{where()}: cannot read column {spec.column!r} of row group {in_file} in {self.paths[file]}"
-                f" ({type(error).__name__}: {error})"
-            ) from error
-        return _value(spec, array, row, where)
+            key = self.key(index)
+        except FormatError:  # an unreadable key column: where the row is says enough
+            return location
+        return location if key == location else f"{location} ({key})"
+
+    def _cell(self, file: int, group: int, row: int, spec: Column, where: Callable[[], str]) -> Any:
+        """Row ``row`` of row group ``group`` in the column of ``spec`` (``NULL`` for a null)."""
+        in_file = group - int(self._first_group[file])
+        rows = int(self._starts[group + 1] - self._starts[group])
+        try:
+            array = self._local.get().column(file, in_file, spec, rows)
+        except FormatError as error:  # it names the file, row group and column; where() the row
+            raise FormatError(f"{where()}: {error}") from error
+        return cell_value(spec, array, row, where)
 
     # -- the Source protocol ----------------------------------------------------------------------
 
     def read(self, index: int) -> bytes:
         file, group, row = self._locate(index)
         spec = self._layouts[file].image
-        data = self._cell(file, group, row, spec, lambda: self.key(index))
-        if data is _NULL:
-            raise FormatError(f"{self.key(index)}: no image (null in column {spec.column!r})")
+        data = self._cell(file, group, row, spec, lambda: self._name(index))
+        if data is NULL:
+            raise FormatError(f"{self._name(index)}: no image (null in column {spec.column!r})")
         return bytes(data)
 
     def label(self, index: int) -> int:
@@ -453,28 +331,31 @@ class ParquetSource:
         spec = self._layouts[file].label
         if spec is None:
             return -1
-        value = self._cell(file, group, row, spec, lambda: self.location(index))
-        return -1 if value is _NULL else int(value)
+        value = self._cell(file, group, row, spec, lambda: self._name(index))
+        return -1 if value is NULL else int(value)
 
     def key(self, index: int) -> str:
         """The key column's value, else (or for a null) ``location(index)``."""
         file, group, row = self._locate(index)
         spec = self._layouts[file].key
-        value = _NULL if spec is None else self._cell(file, group, row, spec, lambda: self.location(index))
-        return self.location(index) if value is _NULL else str(value)
+        value = NULL if spec is None else self._cell(file, group, row, spec, lambda: self.location(index))
+        return self.location(index) if value is NULL else str(value)
 
     def labels(self) -> np.ndarray:
-        """Every label (-1 where there is none), read from each file's label column."""
-        parts = []
+        """Every label (-1 where there is none), read from each row group's label column (within the
+        decode limit, and not kept: a label column is read once for the whole dataset)."""
+        parts = [np.zeros(0, np.int64)]
         files = self._local.get()
-        for file, layout in enumerate(self._layouts):
-            count = int(self._file_starts[file + 1] - self._file_starts[file])
-            if layout.label is None:
-                parts.append(np.full(count, -1, dtype=np.int64))
+        for group in range(len(self._starts) - 1):
+            file = int(self._group_file[group])
+            rows = int(self._starts[group + 1] - self._starts[group])
+            spec = self._layouts[file].label
+            if spec is None or rows == 0:
+                parts.append(np.full(rows, -1, dtype=np.int64))
                 continue
-            column = files.parquet_file(file).read(columns=[layout.label.column]).column(layout.label.column)
-            parts.append(column.fill_null(-1).to_numpy().astype(np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            array = files.decode(file, group - int(self._first_group[file]), spec, rows)
+            parts.append(array.fill_null(-1).to_numpy().astype(np.int64))
+        return np.concatenate(parts)
 
     # -- the FieldSource protocol -----------------------------------------------------------------
 
@@ -496,8 +377,8 @@ class ParquetSource:
         spec = self._layouts[file].fields.get(name)
         if spec is None:
             raise KeyError(f"no field {name!r} in these Parquet files (fields: {sorted(self._kinds)})")
-        value = self._cell(file, group, row, spec, lambda: f"{self.key(index)}: field {name!r}")
-        if value is _NULL:
+        value = self._cell(file, group, row, spec, lambda: f"{self._name(index)}: field {name!r}")
+        if value is NULL:
             raise MissingField(f"{self.key(index)}: no field {name!r} (null in column {spec.column!r})")
         return value
 
@@ -506,7 +387,7 @@ class ParquetSource:
         return self._local.get().info()
 
 
-def _check_same(first_path: str, first: _Layout, path: str, layout: _Layout) -> None:
+def _check_same(first_path: str, first: Layout, path: str, layout: Layout) -> None:
     """Every file must hold the same fields, and a label in all or none (FormatError naming both)."""
     kinds = {n: c.kind for n, c in first.fields.items()}
     other = {n: c.kind for n, c in layout.fields.items()}
@@ -539,6 +420,7 @@ class ParquetDataset(ImageDataset[Any]):
         label_column: str | None = None,
         key_column: str | None = None,
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
+        max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
     ) -> None:
         source = ParquetSource(
@@ -547,5 +429,6 @@ class ParquetDataset(ImageDataset[Any]):
             label_column=label_column,
             key_column=key_column,
             cache_row_groups=cache_row_groups,
+            max_decode_bytes=max_decode_bytes,
         )
         super().__init__(source, transform, target_transform, decode, fields=fields)

@@ -277,22 +277,48 @@ def _tar_sample_problems(source: Any, index: int, fields: list[str]) -> list[str
     return found
 
 
-def _reason(error: BaseException, key: str) -> str:
-    """What went wrong, without the key the message may start with (the report names it already)."""
+def _reason(error: BaseException, where: str) -> str:
+    """What went wrong, without the row the message may start with (the report names it already)."""
     if isinstance(error, FormatError):
-        return str(error).removeprefix(f"{key}: ") if key else str(error)
+        return str(error).removeprefix(f"{where}: ")
     return f"unreadable ({type(error).__name__}: {error})"
 
 
-def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
-    from fastloader.datasets.parquet import ParquetSource
+def _parquet_row_problems(source: Any, index: int, kinds: dict[str, str]) -> list[str]:
+    """Why row ``index`` is bad: its key, image or label unreadable, a field not of its kind (each named
+    ``"<file>#<row> (<key>)"``, as the reader's own errors are)."""
     from fastloader.fields.values import MissingField, check_value
-    from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 
-    _, pq = import_pyarrow()
+    location, key, found = source.location(index), None, []
+    try:
+        key = source.key(index)
+    except (OSError, ValueError) as error:  # the reader's FormatError; anything else is reported too
+        found.append(f"{location}: unreadable key ({_reason(error, location)})")
+    where = location if key in (None, location) else f"{location} ({key})"
+    try:
+        if not source.read(index):
+            raise FormatError(f"{where}: empty image")
+        source.label(index)
+    except (OSError, ValueError) as error:
+        found.append(f"{where}: {_reason(error, where)}")
+    for name, kind in kinds.items():
+        try:
+            check_value(kind, source.read_field(index, name), f"{where}: field {name!r}")
+        except MissingField:
+            continue
+        except (OSError, ValueError) as error:
+            reason = _reason(error, where)
+            found.append(f"{where}: {reason if reason.startswith('field') else f'field {name!r}: {reason}'}")
+    return found
+
+
+def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
+    from fastloader.datasets.parquet import ParquetSource, footer_rows
+    from fastloader.formats.parquet_pack import ParquetPackState
+
     state = ParquetPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems = _file_count_problems(path, state, "footer", lambda file: int(pq.read_metadata(file).num_rows))
+    problems = _file_count_problems(path, state, "footer", footer_rows)
     problems += _unrecorded_file_problems(path, state, ".parquet")
     problems += _source_count_problems(path, state.fingerprint, expected, len(state.skipped))
     if problems:
@@ -307,35 +333,12 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
         problems.append(f"{path}: the files hold fields {source.field_kinds()}, the manifest {state.fields}")
     kinds = {name: kind for name, kind in source.field_kinds().items() if state.fields.get(name) == kind}
     bad: list[int] = []
-
-    def problem(index: int, message: str) -> None:
-        if not bad or bad[-1] != index:
-            bad.append(index)
-        if len(problems) < _MAX_PROBLEMS:
-            problems.append(message)
-
     with _progress_bar(len(source), path, show_progress) as bar:
         for index in range(len(source)):
-            location, key = source.location(index), ""
-            try:
-                key = source.key(index)
-            except (OSError, ValueError) as error:  # pyarrow raises OSError or ValueError (ArrowInvalid)
-                problem(index, f"{location}: unreadable key ({_reason(error, '')})")
-            where = f"{location} ({key})" if key else location
-            try:
-                if not source.read(index):
-                    raise FormatError(f"{key}: empty image")
-                source.label(index)
-            except (OSError, ValueError) as error:
-                problem(index, f"{where}: {_reason(error, key)}")
-            for name, kind in kinds.items():
-                try:
-                    check_value(kind, source.read_field(index, name), f"{key}: field {name!r}")
-                except MissingField:
-                    continue
-                except (OSError, ValueError) as error:
-                    reason = _reason(error, key)
-                    problem(index, f"{where}: {reason if reason.startswith('field') else f'field {name!r}: {reason}'}")
+            found = _parquet_row_problems(source, index, kinds)
+            if found:
+                bad.append(index)
+                problems.extend(found[: max(0, _MAX_PROBLEMS - len(problems))])
             bar.update(1)
     return VerifyReport(path, "parquet", expected, len(source), tuple(problems), tuple(bad))
 

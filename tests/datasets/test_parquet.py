@@ -107,6 +107,7 @@ def test_hugging_face_files_read_back_exactly(hf_dir) -> None:
     assert len(source) == 26 and source.classes == CLASSES
     assert field_kinds(source) == {"caption": "text", "embedding": "array", "meta": "json", "score": "float"}
     assert aliases(source) == {"image": "image", "label": "label"}
+    assert source.labels().tolist() == [-1 if r["label"] is None else r["label"] for r in rows]  # across row groups
     files = sorted(str(directory / name) for name in os.listdir(directory))
     order = list(range(len(source)))
     random.Random(0).shuffle(order)
@@ -301,3 +302,69 @@ def test_importing_fastloader_does_not_import_pyarrow_and_its_absence_is_explain
     out = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert "pip install fastloader[parquet]" in out.stdout
+
+
+BOMB_ROWS, BOMB_TEXT = 3000, "a" * 100_000  # one row group decoding to 300 MB, a few KB of file
+DEFAULT_LIMIT = 256 << 20  # ParquetSource's max_decode_bytes
+
+
+def write_bomb(path: Path, encoding: str = "dictionary", rows: int = BOMB_ROWS, text: str = BOMB_TEXT) -> Path:
+    """One row group of ``rows`` tiny images and as many copies of ``text``, which ``encoding`` (a
+    dictionary, the delta of each string against the previous one, or plain) and zstd shrink to a few KB."""
+    table = pa.table({"image": [png(0)] * rows, "caption": [text] * rows})
+    options: dict[str, Any] = {"use_dictionary": encoding == "dictionary"}
+    if encoding == "delta":
+        options["column_encoding"] = {"caption": "DELTA_BYTE_ARRAY"}
+    pq.write_table(table, path, row_group_size=rows, compression="zstd", **options)
+    return path
+
+
+@pytest.mark.parametrize("encoding", ["dictionary", "delta", "plain"])
+def test_a_read_may_decode_only_so_much_whatever_the_encoding(tmp_path: Path, encoding: str) -> None:
+    path = write_bomb(tmp_path / f"{encoding}.parquet", encoding, rows=300, text="b" * 20_000)  # decodes to 6 MB
+    assert path.stat().st_size < 64_000
+    source = ParquetSource(path, max_decode_bytes=1 << 20)
+    assert source.read(5) == png(0)  # the image column alone is decoded: it fits
+    message = rf"{path}#5: field 'caption': cannot read column 'caption' of row group 0 in {path}: it decodes to more"
+    with pytest.raises(FormatError, match=message + r" than max_decode_bytes=1,048,576 bytes"):
+        source.read_field(5, "caption")
+    assert source.cache_info() == {"column_reads": 1, "cached_row_groups": 1, "open_files": 1}  # nothing kept
+    assert ParquetSource(path, max_decode_bytes=8 << 20).read_field(5, "caption") == "b" * 20_000
+    with pytest.raises(ValueError, match="max_decode_bytes must be a positive integer"):
+        ParquetSource(path, max_decode_bytes=0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak memory Linux reports")
+def test_a_few_kb_that_decode_to_300_mb_are_refused_within_bounded_memory(tmp_path: Path) -> None:
+    """A reader process (torch loaded, as in training) grows by less than the default limit and half as
+    much again (one batch being decoded, the allocator): 310 MB. Decoding the whole column took 590-750 MB."""
+    path = write_bomb(tmp_path / "bomb.parquet")
+    assert path.stat().st_size < 8_000
+    # The peak is the kernel's VmHWM of the reader's own memory (reset just before the read): ru_maxrss
+    # would carry over the peak of this test process, which forked it after building a 300 MB table.
+    code = (
+        "import json, re, sys\n"
+        "import torch, pyarrow.parquet\n"
+        "from fastloader.datasets import ParquetSource\n"
+        "from fastloader.errors import FormatError\n"
+        "def memory(name):\n"
+        "    with open('/proc/self/status') as status:\n"
+        "        return int(re.search(name + r':\\s+(\\d+) kB', status.read()).group(1)) << 10\n"
+        "source = ParquetSource(sys.argv[1])\n"
+        "with open('/proc/self/clear_refs', 'w') as clear:\n"
+        "    clear.write('5')  # the peak starts again from here\n"
+        "baseline = memory('VmRSS')\n"
+        "try:\n"
+        "    outcome = len(source.read_field(5, 'caption'))\n"
+        "except FormatError as error:\n"
+        "    outcome = str(error)\n"
+        "print(json.dumps([outcome, baseline, memory('VmHWM')]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr
+    outcome, baseline, peak = json.loads(out.stdout)
+    assert baseline > 100 << 20  # python, torch and pyarrow: what every reader process holds anyway
+    assert peak - baseline < 1.5 * DEFAULT_LIMIT, (baseline, peak)
+    assert isinstance(outcome, str) and outcome.startswith(f"{path}#5: field 'caption': cannot read column 'caption'")
+    assert "row group 0" in outcome and "max_decode_bytes=268,435,456" in outcome

@@ -1,4 +1,5 @@
-"""num_workers="auto": measured on the pipeline, more workers where they pay, and the same batches as by hand."""
+"""num_workers="auto": measured on the pipeline within a time budget, more workers where they pay, the same
+batches as by hand, and an IterableDataset never multiplied by its workers."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from fastloader import DataLoaderX
+from fastloader import DataLoaderX, world
+from fastloader.loader import autotune
 from fastloader.loader.autotune import Auto, candidates
 
 WORK_S = 0.012  # per sample
@@ -110,3 +113,84 @@ def test_bad_auto_values_are_refused() -> None:
         DataLoaderX(Draws(), num_workers="many")
     with pytest.raises(ValueError, match="prefetch_factor='auto' needs worker processes"):
         DataLoaderX(Draws(), num_workers=0, prefetch_factor="auto")
+
+
+class Stream(IterableDataset[int]):
+    """Items 0..9, the same in every copy: as most IterableDatasets, it leaves the workers to torch."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(10))
+
+
+class ShardedStream(Stream):
+    """Items 0..9 split between the workers by torch's convention, and saying so."""
+
+    shards_by_worker = True
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        if info is None:
+            return iter(range(10))
+        return iter(range(info.id, 10, info.num_workers))
+
+
+def test_an_iterable_dataset_gives_each_item_once_under_auto(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        loader = DataLoaderX(Stream(), batch_size=2, num_workers="auto")
+        items = sorted(int(i) for batch in loader for i in batch)
+    assert items == list(range(10)) and loader.num_workers == 0 and loader.prefetch_factor is None
+    assert loader.stats()["autotune"]["reason"].startswith("not measured: Stream is an IterableDataset")
+    (record,) = [r for r in caplog.records if "'auto'" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.getMessage().startswith("fastloader 'auto': 0 workers")
+    assert "set its shards_by_worker = True, or pass num_workers=" in record.getMessage()
+    by_hand = DataLoaderX(Stream(), batch_size=2, num_workers=1, prefetch_factor="auto")  # workers given: kept
+    assert sorted(int(i) for batch in by_hand for i in batch) == list(range(10)) and by_hand.num_workers == 1
+
+
+def test_an_iterable_dataset_that_shards_itself_gets_a_worker_per_core(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        loader = DataLoaderX(ShardedStream(), batch_size=2, num_workers="auto")
+        items = sorted(int(i) for batch in loader for i in batch)
+    assert items == list(range(10)) and loader.num_workers == world.cores_per_rank()  # real worker processes
+    (message,) = [r.getMessage() for r in caplog.records if "'auto'" in r.getMessage()]
+    assert f"{loader.num_workers} workers" in message and "ShardedStream shards itself by worker" in message
+
+
+class Slow(Dataset[torch.Tensor]):
+    """SLOW_S per item, each read noted in a file (the workers are other processes)."""
+
+    def __init__(self, notes: str) -> None:
+        self.notes = notes
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        with open(self.notes, "a") as notes:
+            notes.write(f"{index}\n")
+        time.sleep(SLOW_S)
+        return torch.tensor(index)
+
+
+SLOW_S = 0.3  # a batch of 4 takes 1.2 s: longer than the whole budget the test gives the trials
+
+
+def test_a_dataset_too_slow_to_measure_keeps_the_default_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(autotune, "TRIALS_BUDGET_S", 1.0, raising=False)  # raising: see the reason below
+    notes = tmp_path / "reads"
+    loader = DataLoaderX(Slow(str(notes)), batch_size=4, num_workers="auto")
+    counts = candidates(world.cores_per_rank())
+    with caplog.at_level(logging.INFO, logger="fastloader"):
+        choice = autotune.choose(loader, counts, prefetch_auto=False)
+    # The one trial's worker was stopped within its first batch: by the sleeps, it cannot have read more
+    # in the budget. Trials that ran to the end would have read 5 batches with one worker, then 8 with two.
+    assert len(notes.read_text().split()) <= 4
+    assert (choice.num_workers, choice.trials) == (counts[-1], [])
+    assert choice.reason == "not measured: not one trial timed its batches within the 1 s budget"
+    (record,) = [r for r in caplog.records if "'auto'" in r.getMessage()]
+    assert record.levelno == logging.WARNING and f"'auto': {counts[-1]} workers" in record.getMessage()
+    batch = next(iter(loader))  # the trials again, then the loader with the cores' workers
+    assert batch.tolist() == [0, 1, 2, 3] and loader.num_workers == counts[-1]
+    assert loader.timeout == 0  # the trials' timeouts were their own
