@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
