@@ -60,6 +60,11 @@ class ErrorPolicy:
             fd, quarantine = tempfile.mkstemp(prefix="fastloader-quarantine-", suffix=".tsv")
             os.close(fd)
         self.quarantine = os.fspath(quarantine)
+        if os.path.exists(self.quarantine) and not os.path.isfile(self.quarantine):
+            # Read back by every worker (a FIFO would block them, /dev/null would lose their counts).
+            raise ValueError(
+                f"quarantine must be a regular file, where worker processes' counts meet: {self.quarantine}"
+            )
         self.excluded = np.unique(np.fromiter(excluded, dtype=np.int64))
         self._found: dict[str, BadSample] = {}  # every bad sample this process knows, by key, in order found
         self._read_to = 0  # bytes of the quarantine already in _found

@@ -92,7 +92,8 @@ def append(path: str | os.PathLike[str], sample: BadSample) -> None:
 
 
 def write(path: str | os.PathLike[str], samples: Iterable[BadSample]) -> None:
-    """A whole list, header first, replacing ``path`` atomically."""
-    from fastloader.storage import atomic_write_bytes
+    """A whole list, header first: ``path`` replaced atomically (a symlink's target; a FIFO or
+    ``/dev/null`` written in place, see :func:`fastloader.storage.write_report_bytes`)."""
+    from fastloader.storage import write_report_bytes
 
-    atomic_write_bytes(path, text_of(samples).encode("utf-8", "surrogateescape"))
+    write_report_bytes(path, text_of(samples).encode("utf-8", "surrogateescape"))

@@ -226,3 +226,13 @@ def test_counts_meet_across_processes_and_the_budget_trips_at_the_exact_sample(t
     assert policy.stats()["bad_samples"] == 500
     with pytest.raises(TooManyBadSamples, match="501 bad samples, more than max_errors allows"):
         policy.record(5000, "mine/one-too-many.jpg", "undecodable: broken")
+
+
+def test_a_quarantine_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from fastloader.datasets.error_policy import ErrorPolicy
+
+    os.mkfifo(tmp_path / "q.fifo")
+    with pytest.raises(ValueError, match="quarantine must be a regular file"):
+        ErrorPolicy("replace", 10, None, tmp_path / "q.fifo", ())
