@@ -115,6 +115,39 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of the regular file at ``path``; anything else (a FIFO, a device, a
+    socket, a directory) is an OSError naming it, raised at once: a FIFO opened blindly waits for a
+    writer forever. Opened non-blocking (no effect on a regular file), then checked: no race
+    between a check and the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _check_regular(os.fstat(fd).st_mode, os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular_file(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` (anything else raises, as :func:`open_regular`)."""
+    with open(open_regular(path), "rb", buffering=0) as file:
+        return file.read()
+
+
+def check_regular_file(path: str) -> None:
+    """Raise as :func:`read_regular_file` does unless ``path`` is a regular file (before a caller's
+    own code opens it, e.g. a torchvision-style ``loader(path)``)."""
+    _check_regular(os.stat(path).st_mode, path)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file to read", path)
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, f"not a regular file ({_file_kind(mode)}): not read", path)
+
+
 def write_report_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` where a user named a report (``--report``, ``<DST>.skipped.tsv``) as a shell redirect
     would: a symbolic link is followed (its target gets the report, the link stays); a regular file,
@@ -147,5 +180,11 @@ def write_report_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")

@@ -50,7 +50,7 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
-from fastloader.storage import sidecar_path
+from fastloader.storage import open_regular, sidecar_path
 
 INDEX_KIND = "recordio"
 INDEX_VERSION = 1
@@ -77,7 +77,7 @@ def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
 
     def build() -> IndexFile:
         stamp = _sources_stamp(rec_path, idx_path)
-        with open(rec_path, "rb") as rec:
+        with open(open_regular(rec_path), "rb") as rec:  # a FIFO named *.rec: an error, never a hang
             meta, arrays = _build_index(rec.fileno(), stamp["rec"]["size"], rec_path, idx_path)
         write_index(index_path, INDEX_KIND, INDEX_VERSION, {"sources": stamp, **meta}, arrays)
         return read_index(index_path, INDEX_KIND, INDEX_VERSION)
@@ -160,7 +160,7 @@ class _OpenRecordIO:
     (so that ``label(i)`` right after ``read(i)`` reads nothing)."""
 
     def __init__(self, rec_path: str, index_path: str) -> None:
-        self.fd = os.open(rec_path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = open_regular(rec_path)
         weakref.finalize(self, os.close, self.fd)
         self.size = os.fstat(self.fd).st_size
         arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays

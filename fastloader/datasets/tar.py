@@ -40,7 +40,7 @@ from fastloader.formats.index_file import IndexFile, cached_index, read_index, s
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS, load_shard_index
-from fastloader.storage import cache_dir
+from fastloader.storage import cache_dir, open_regular
 
 CATALOG_KIND = "tar-catalog"
 CATALOG_VERSION = 2
@@ -203,7 +203,7 @@ class OpenShards:
     def _open(self, shard: int) -> int:
         for attempt in range(3):
             try:
-                return os.open(self._locate(shard), os.O_RDONLY | os.O_CLOEXEC)
+                return open_regular(self._locate(shard))
             except FileNotFoundError:
                 # A cached remote shard may be evicted between its fetch and this open: fetch it again.
                 if attempt == 2:

@@ -46,7 +46,7 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
-from fastloader.storage import sidecar_path
+from fastloader.storage import open_regular, sidecar_path
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")
 LABEL_EXTS = ("cls", "cls2", "class", "label")
@@ -312,7 +312,7 @@ def build_shard_index(
     extra_arrays: Mapping[str, np.ndarray] | None = None,
 ) -> IndexFile:
     """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside)."""
-    fd = os.open(shard, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_regular(shard)  # a FIFO named *.tar: an error naming it, never a hang
     try:
         stat = os.fstat(fd)
         rows = _ShardRows(fd, shard, image_exts)

@@ -27,7 +27,7 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
-from fastloader.storage import AtomicFile, sidecar_path
+from fastloader.storage import AtomicFile, open_regular, sidecar_path
 
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -125,7 +125,7 @@ def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] 
 
     def build() -> IndexFile:
         stamp = _stamp(path)
-        with open(path, "rb") as file:
+        with open(open_regular(path), "rb") as file:  # a FIFO named *.tfrecord: an error, never a hang
             offsets, lengths = scan_records(file.fileno(), stamp["size"], path)
         meta = {"data": stamp, "count": len(offsets)}
         write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, {"offsets": offsets, "lengths": lengths})
