@@ -143,9 +143,18 @@ def _header(result: Mapping[str, Any]) -> str:
         f'<div class="meta"><span>format <b>{_text(dataset.get("format"))}</b></span>'
         f"<span>images <b>{_count(images) if num(images) is not None else _text(images)}</b></span>"
         f"<span>fastloader <b>{_text(result.get('fastloader_version'))}</b></span>"
-        f"<span>measured <b>{_text(result.get('created'))}</b></span></div>"
+        f"<span>measured <b>{_text(result.get('created'))}</b></span>{_bad_samples(result)}</div>"
         f'<div class="chips">{chips or "<span class=muted>no config recorded</span>"}</div></header>'
     )
+
+
+def _bad_samples(result: Mapping[str, Any]) -> str:
+    """The bad samples replaced during the measurement: their count, the first few named on hover."""
+    count = num(result.get("bad_samples"))
+    if not count:
+        return ""
+    examples = "\n".join(str(example) for example in _list(result.get("bad_examples")))
+    return f'<span title="{_text(examples)}">bad samples (replaced) <b>{_count(result.get("bad_samples"))}</b></span>'
 
 
 def _verdict(result: Mapping[str, Any]) -> str:
