@@ -42,6 +42,7 @@ from fastloader.datasets.folder_index import (
     LIST_KIND,
     LIST_SETTINGS,
     IndexMeta,
+    check_lengths,
     default_index_path,
     filter_settings,
     load_or_build,
@@ -70,6 +71,7 @@ class _Entries:
 
 def _open_entries(index_path: str, kind: str, samples_digest: str) -> _Entries:
     index = read_index(index_path, kind, FORMAT_VERSION)
+    check_lengths(index)
     if IndexMeta.of(index).samples_digest != samples_digest:
         # The tree changed and the index was rebuilt after our dataset was made: reading it would
         # silently shift samples. (A rebuild listing the same samples has the same id.)
@@ -122,9 +124,13 @@ class _IndexedFiles:
         path = self.path(index)
         try:
             return read_regular_file(path)  # a FIFO or a device in a file list: an error naming it, not a hang
-        except FileNotFoundError as error:
+        except ValueError:  # a NUL byte: no file is named so (a corrupt index, or list)
+            raise FormatError(f"{path!r} is not a file name (listed in {self.index_path})") from None
+        except OSError as error:
+            if error.errno is None:
+                raise
             # Name the index too: the file was there when it was built (or the list is wrong).
-            raise FileNotFoundError(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
+            raise type(error)(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
 
 
 class FolderSource(_IndexedFiles):

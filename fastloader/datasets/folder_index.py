@@ -51,7 +51,7 @@ from typing import TextIO
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, pack_strings, read_index, string_at, write_index
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, require_array, string_at, write_index
 from fastloader.storage import file_lock, sidecar_path
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,23 @@ class IndexMeta:
         try:
             meta = dict(index.meta)
             tuples = {name: tuple(meta.get(name, ())) for name in ("classes", "fields", "not_regular_examples")}
-            return cls(**{**meta, **tuples})
+            found = cls(**{**meta, **tuples})
         except (TypeError, KeyError) as error:
             raise FormatError(f"{index.path}: malformed index metadata ({error})") from error
+        if not found.well_typed():
+            raise FormatError(f"{index.path}: malformed index metadata (a value of the wrong type)")
+        return found
+
+    def well_typed(self) -> bool:
+        """Every value of the type it is declared with (read back from a file, any of them may lie)."""
+        names = (*self.classes, *self.fields, *self.not_regular_examples, self.source, self.samples_digest)
+        counts = (self.scanned_at_ns, self.not_regular)
+        optional = (self.settings, self.label_column)
+        return (
+            all(isinstance(name, str) for name in names)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+            and all(value is None or isinstance(value, str) for value in optional)
+        )
 
 
 @dataclass(frozen=True)
@@ -160,12 +174,36 @@ def load_or_build(
 
 def _read_or_none(index_path: str, kind: str) -> IndexFile | None:
     try:
-        return read_index(index_path, kind, FORMAT_VERSION)
+        index = read_index(index_path, kind, FORMAT_VERSION)
+        check_lengths(index)
     except FileNotFoundError:
         return None
     except FormatError as error:
         log.info("rebuilding an unusable index: %s", error)
         return None
+    return index
+
+
+def check_lengths(index: IndexFile) -> None:
+    """The arrays are as long as each other and the meta say (a lying index must not be indexed past
+    an array's end; the values within are only sliced, which cannot fail). Cheap: no per-sample array
+    is scanned."""
+    meta = IndexMeta.of(index)
+    count = len(require_array(index, "key_offsets", np.int64)) - 1
+    require_array(index, "keys", np.uint8)
+    require_array(index, "labels", np.int64, max(count, 0))
+    watched = len(require_array(index, "watched_mtime_ns", np.int64))
+    require_array(index, "watched", np.uint8)
+    require_array(index, "watched_offsets", np.int64, watched + 1)
+    if index.kind == FOLDER_KIND:
+        counts = require_array(index, "class_counts", np.int64, len(meta.classes)).tolist()  # one per class
+        if min(counts, default=0) < 0 or sum(counts) != count:
+            raise FormatError(f"{index.path}: the class counts do not add up to the {count} samples")
+    else:
+        require_array(index, "label_range", np.int64, 2)
+    for number in range(len(meta.fields)):
+        require_array(index, f"field{number}", np.uint8)
+        require_array(index, f"field{number}_offsets", np.int64, count + 1)
 
 
 def _matches(index: IndexFile, identity: tuple[str, str | None]) -> bool:
@@ -198,7 +236,7 @@ def _stale_reason(index: IndexFile | None, identity: tuple[str, str | None], sta
 def _mtime_ns_or_none(path: str) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in a path read back from a corrupt index
         return None
 
 

@@ -39,7 +39,7 @@ from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, de
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
-from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
     IRHeader,
@@ -86,11 +86,20 @@ def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
 
 
 def _fresh_index(index_path: str, rec_path: str, idx_path: str | None) -> IndexFile | None:
+    """The index at ``index_path`` when it is of these files as they are now and its arrays agree in
+    length (each record's offset is checked when it is read); else None: build it again."""
     try:
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+        if index.meta.get("sources") != _sources_stamp(rec_path, idx_path):
+            return None
+        count = len(require_array(index, "offsets", np.int64))
+        require_array(index, "keys", np.int64, count)
+        require_array(index, "spans", np.int64, count)
+        if index.meta.get("layout") not in (PLAIN, INSIGHTFACE):
+            raise FormatError(f"{index_path}: unknown layout {index.meta.get('layout')!r}")
     except (FileNotFoundError, FormatError):
         return None
-    return index if index.meta.get("sources") == _sources_stamp(rec_path, idx_path) else None
+    return index
 
 
 def _build_index(
