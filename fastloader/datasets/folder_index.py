@@ -272,9 +272,10 @@ def scan_folder(
     odd = [key for scan in scans for key in scan.not_regular]
     if odd:
         log.warning(
-            "%s: skipped %d entries that are not regular files (FIFOs, devices or sockets; never opened): %s",
+            "%s: skipped %d %s not regular files (FIFOs, devices or sockets; never opened): %s",
             root,
             len(odd),
+            "entry that is" if len(odd) == 1 else "entries that are",
             ", ".join(odd[:_NOT_REGULAR_EXAMPLES]) + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
         )
     meta = IndexMeta(
