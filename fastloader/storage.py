@@ -2,15 +2,18 @@
 
 Every file fastloader writes is written to a temporary name in the same directory and renamed
 into place: a reader (another rank, a resumed run) sees the old file or the complete new one,
-never a partial one, even if the writer is killed or the disk fills up.
+never a partial one, even if the writer is killed or the disk fills up. Reports written where a
+user names them follow what a shell redirect does to that path (:func:`write_report_bytes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,3 +113,78 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of the regular file at ``path``; anything else (a FIFO, a device, a
+    socket, a directory) is an OSError naming it, raised at once: a FIFO opened blindly waits for a
+    writer forever. Opened non-blocking (no effect on a regular file), then checked: no race
+    between a check and the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _check_regular(os.fstat(fd).st_mode, os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular_file(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` (anything else raises, as :func:`open_regular`)."""
+    with open(open_regular(path), "rb", buffering=0) as file:
+        return file.read()
+
+
+def check_regular_file(path: str) -> None:
+    """Raise as :func:`read_regular_file` does unless ``path`` is a regular file (before a caller's
+    own code opens it, e.g. a torchvision-style ``loader(path)``)."""
+    _check_regular(os.stat(path).st_mode, path)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a file to read", path)
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, f"not a regular file ({_file_kind(mode)}): not read", path)
+
+
+def write_report_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` where a user named a report (``--report``, ``<DST>.skipped.tsv``) as a shell redirect
+    would: a symbolic link is followed (its target gets the report, the link stays); a regular file,
+    or a new one, is replaced atomically; a character device (``/dev/null``, a terminal) or a FIFO is
+    written in place, never replaced by a regular file. A FIFO that no process reads is an error
+    saying so, never a hang; a directory, a block device or a socket is refused, naming the path."""
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is None or stat.S_ISREG(mode):
+        atomic_write_bytes(target, data)
+        return
+    if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise OSError(errno.EINVAL, f"not a file to write a report to ({_file_kind(mode)})", os.fspath(path))
+    try:
+        # No O_TRUNC (devices and FIFOs have nothing to cut), no O_CREAT; O_NONBLOCK: a FIFO without a
+        # reader fails at once (ENXIO) instead of waiting for one forever.
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ENXIO and stat.S_ISFIFO(mode):
+            raise OSError(
+                error.errno, "a FIFO that no process reads: start its reader first", os.fspath(path)
+            ) from None
+        raise
+    with os.fdopen(fd, "wb") as file:
+        os.set_blocking(fd, True)  # a reader is there: write at its pace, as a shell redirect does
+        file.write(data)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

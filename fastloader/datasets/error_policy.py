@@ -8,9 +8,10 @@ silently turn an epoch into nothing. So (``ImageDataset.set_error_policy``):
 * ``"replace"``: the next good sample (index + 1, + 2, ... modulo the length) stands in, so batch
   sizes, epoch length and resume state stay exact; deterministic, as it depends on the index only.
 
-Every bad sample is written once per process to a quarantine file (``position<TAB>key<TAB>reason``,
-the format of ``fastloader scan`` and ``pack``'s skipped list), which is also how the counts of all
-worker processes meet: appends of one short line are atomic, and ``stats()`` reads the file.
+Every bad sample is written once to a quarantine file (``position<TAB>key<TAB>reason``, the format of
+``fastloader scan`` and ``pack``'s skipped list), which is also how the counts of all worker processes
+meet: appends of one short line are atomic, and each process keeps the samples it knows in memory and
+reads only what was appended since its last look (linear in bad samples, however many there are).
 ``max_errors`` (a count, or a fraction of the dataset when < 1) turns too many bad samples into one
 clear ``TooManyBadSamples`` error. An exclusion list from ``fastloader scan`` marks samples bad
 before they are read.
@@ -59,8 +60,14 @@ class ErrorPolicy:
             fd, quarantine = tempfile.mkstemp(prefix="fastloader-quarantine-", suffix=".tsv")
             os.close(fd)
         self.quarantine = os.fspath(quarantine)
+        if os.path.exists(self.quarantine) and not os.path.isfile(self.quarantine):
+            # Read back by every worker (a FIFO would block them, /dev/null would lose their counts).
+            raise ValueError(
+                f"quarantine must be a regular file, where worker processes' counts meet: {self.quarantine}"
+            )
         self.excluded = np.unique(np.fromiter(excluded, dtype=np.int64))
-        self._reported: set[str] = set()  # keys this process already wrote
+        self._found: dict[str, BadSample] = {}  # every bad sample this process knows, by key, in order found
+        self._read_to = 0  # bytes of the quarantine already in _found
 
     def is_excluded(self, index: int) -> bool:
         position = int(np.searchsorted(self.excluded, index))
@@ -69,28 +76,41 @@ class ErrorPolicy:
     def record(self, index: int, key: str, error: BaseException | str) -> None:
         """Report a bad sample once (log + quarantine line), then enforce the budget."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        bad = self.bad_samples()
-        if key not in self._reported and all(sample.key != key for sample in bad):
+        self._catch_up()
+        if key not in self._found:
             # Once for the whole run: other processes (earlier epochs' workers) may have reported it.
             _LOG.warning("bad sample %s (position %d): %s", key, index, reason)
-            bad_samples.append(self.quarantine, BadSample(index, key, reason))
-            bad.append(BadSample(index, key, reason))
-        self._reported.add(key)
-        if self.budget is not None and len(bad) > self.budget:
+            sample = BadSample(index, key, reason)
+            bad_samples.append(self.quarantine, sample)
+            self._found[key] = sample
+        if self.budget is not None and len(self._found) > self.budget:
+            first = next(iter(self._found.values()))
             raise TooManyBadSamples(
-                f"{len(bad)} bad samples, more than max_errors allows ({self.budget:g} of {self.length}); "
-                f"the first: {bad[0].key}: {bad[0].reason} (all listed in {self.quarantine})"
+                f"{len(self._found)} bad samples, more than max_errors allows ({self.budget:g} of {self.length}); "
+                f"the first: {first.key}: {first.reason} (all listed in {self.quarantine})"
             )
 
     def bad_samples(self) -> list[BadSample]:
         """Every bad sample any process reported, once each, in the order they were found."""
-        seen: dict[str, BadSample] = {}
+        self._catch_up()
+        return list(self._found.values())
+
+    def _catch_up(self) -> None:
+        """Take in the lines other processes appended since the last call (whole lines only: one being
+        written, or left half-written by a killed process, waits for its newline)."""
         try:
-            for sample in bad_samples.read(self.quarantine, strict=False):
-                seen.setdefault(sample.key, sample)
+            with open(self.quarantine, "rb") as file:
+                if os.fstat(file.fileno()).st_size < self._read_to:  # truncated or replaced: start again
+                    self._found, self._read_to = {}, 0
+                file.seek(self._read_to)
+                new = file.read()
         except FileNotFoundError:
-            pass
-        return list(seen.values())
+            return
+        end = new.rfind(b"\n") + 1
+        lines = new[:end].decode("utf-8", "surrogateescape").split("\n")
+        for sample in bad_samples.parse(lines, self.quarantine, strict=False):
+            self._found.setdefault(sample.key, sample)
+        self._read_to += end
 
     def stats(self) -> dict[str, Any]:
         bad = self.bad_samples()
@@ -139,7 +159,8 @@ class ErrorPolicy:
             return None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_reported": set()}
+        # A new process reads the quarantine itself, once: the pickle stays small.
+        return {**self.__dict__, "_found": {}, "_read_to": 0}
 
 
 def _safe_key(key: Callable[[int], str], index: int) -> str:

@@ -16,6 +16,9 @@ Differences from torchvision, all deliberate:
 * ``find_classes`` / ``make_dataset`` cannot be overridden (the scan runs in threads, once).
 * A directory symlinked to one of its ancestors (or to the root) is not followed: os.walk follows
   it until ``ELOOP``, listing the same files dozens of times.
+* FIFOs, devices and sockets are not samples, whatever their names: skipped when indexing (logged,
+  counted in ``source.not_regular``), never opened (opening a FIFO waits for a writer forever). A file
+  list naming one gives an error naming it when that item is read.
 * With ``loader=None`` the image is decoded from the file's bytes to RGB (``decode_pil``); a
   ``loader`` keeps torchvision's contract ``loader(path) -> image``.
 """
@@ -39,6 +42,7 @@ from fastloader.datasets.folder_index import (
     LIST_KIND,
     LIST_SETTINGS,
     IndexMeta,
+    check_lengths,
     default_index_path,
     filter_settings,
     load_or_build,
@@ -50,6 +54,7 @@ from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
 from fastloader.loader.stage_clock import timed
+from fastloader.storage import check_regular_file, read_regular_file
 
 PathLike = str | os.PathLike[str]
 
@@ -66,6 +71,7 @@ class _Entries:
 
 def _open_entries(index_path: str, kind: str, samples_digest: str) -> _Entries:
     index = read_index(index_path, kind, FORMAT_VERSION)
+    check_lengths(index)
     if IndexMeta.of(index).samples_digest != samples_digest:
         # The tree changed and the index was rebuilt after our dataset was made: reading it would
         # silently shift samples. (A rebuild listing the same samples has the same id.)
@@ -117,11 +123,14 @@ class _IndexedFiles:
     def read(self, index: int) -> bytes:
         path = self.path(index)
         try:
-            with open(path, "rb") as file:
-                return file.read()
-        except FileNotFoundError as error:
+            return read_regular_file(path)  # a FIFO or a device in a file list: an error naming it, not a hang
+        except ValueError:  # a NUL byte: no file is named so (a corrupt index, or list)
+            raise FormatError(f"{path!r} is not a file name (listed in {self.index_path})") from None
+        except OSError as error:
+            if error.errno is None:
+                raise
             # Name the index too: the file was there when it was built (or the list is wrong).
-            raise FileNotFoundError(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
+            raise type(error)(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
 
 
 class FolderSource(_IndexedFiles):
@@ -151,8 +160,11 @@ class FolderSource(_IndexedFiles):
         scan = functools.partial(scan_folder, scan_root, is_valid_file, settings, scan_workers)
         identity = (os.path.realpath(scan_root), settings)
         index = load_or_build(self.index_path, FOLDER_KIND, identity, scan, rebuild, scan_workers)
-        self.classes: list[str] = list(IndexMeta.of(index).classes)
+        meta = IndexMeta.of(index)
+        self.classes: list[str] = list(meta.classes)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        # FIFOs, devices and sockets in the tree: skipped, never opened (the first few named in the index).
+        self.not_regular: int = meta.not_regular
         counts = index.arrays["class_counts"].tolist()
         empty = sorted(name for name, count in zip(self.classes, counts) if count == 0)
         if empty and not allow_empty:
@@ -284,8 +296,10 @@ class _PathDataset(ImageDataset[Any]):
     def _image(self, index: int) -> Any:
         if self.loader is None:
             return super()._image(index)
+        path = self.samples[index][0]
+        check_regular_file(path)  # the user's loader would open a FIFO blindly, and wait forever
         with timed("decode"):  # the user's loader reads and decodes in one call
-            return self.loader(self.samples[index][0])
+            return self.loader(path)
 
     def _decodes_bytes(self) -> bool:
         return self.loader is None and super()._decodes_bytes()

@@ -40,6 +40,7 @@ import hashlib
 import itertools
 import logging
 import os
+import stat
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +51,7 @@ from typing import TextIO
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, pack_strings, read_index, string_at, write_index
+from fastloader.formats.index_file import IndexFile, pack_strings, read_index, require_array, string_at, write_index
 from fastloader.storage import file_lock, sidecar_path
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ FORMAT_VERSION = 1
 LIST_SETTINGS = "list-format:2"
 RESERVED_COLUMNS = ("image", "label")  # a column of these names cannot be a field: they mean the image and label
 RACY_NS = 2_000_000_000  # timestamps closer than this to the scan are not trusted (coarse clocks)
+_NOT_REGULAR = (stat.S_ISFIFO, stat.S_ISCHR, stat.S_ISBLK, stat.S_ISSOCK)  # never opened: a FIFO would hang
+_NOT_REGULAR_EXAMPLES = 10  # FIFOs, devices and sockets named in the log and the index
 
 
 @dataclass(frozen=True)
@@ -78,14 +81,31 @@ class IndexMeta:
     samples_digest: str  # content_id(): workers check they reopened an index listing the same samples
     fields: tuple[str, ...] = ()  # a file list's text columns: arrays field<j> and field<j>_offsets
     label_column: str | None = None  # the header's name of a file list's label column
+    not_regular: int = 0  # entries of a folder skipped as FIFOs, devices or sockets (never opened)
+    not_regular_examples: tuple[str, ...] = ()  # the first few of them, as keys
 
     @classmethod
     def of(cls, index: IndexFile) -> IndexMeta:
         try:
             meta = dict(index.meta)
-            return cls(**{**meta, "classes": tuple(meta["classes"]), "fields": tuple(meta.get("fields", ()))})
+            tuples = {name: tuple(meta.get(name, ())) for name in ("classes", "fields", "not_regular_examples")}
+            found = cls(**{**meta, **tuples})
         except (TypeError, KeyError) as error:
             raise FormatError(f"{index.path}: malformed index metadata ({error})") from error
+        if not found.well_typed():
+            raise FormatError(f"{index.path}: malformed index metadata (a value of the wrong type)")
+        return found
+
+    def well_typed(self) -> bool:
+        """Every value of the type it is declared with (read back from a file, any of them may lie)."""
+        names = (*self.classes, *self.fields, *self.not_regular_examples, self.source, self.samples_digest)
+        counts = (self.scanned_at_ns, self.not_regular)
+        optional = (self.settings, self.label_column)
+        return (
+            all(isinstance(name, str) for name in names)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+            and all(value is None or isinstance(value, str) for value in optional)
+        )
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,7 @@ class ClassScan:
     key_lengths: np.ndarray  # int64, bytes per key
     dirs: list[str]  # absolute paths of the directories walked
     dir_mtime_ns: list[int]
+    not_regular: list[str] = dataclasses.field(default_factory=list)  # keys of FIFOs, devices, sockets skipped
 
 
 def filter_settings(is_valid_file: Callable[[str], bool] | None) -> str | None:
@@ -153,12 +174,36 @@ def load_or_build(
 
 def _read_or_none(index_path: str, kind: str) -> IndexFile | None:
     try:
-        return read_index(index_path, kind, FORMAT_VERSION)
+        index = read_index(index_path, kind, FORMAT_VERSION)
+        check_lengths(index)
     except FileNotFoundError:
         return None
     except FormatError as error:
         log.info("rebuilding an unusable index: %s", error)
         return None
+    return index
+
+
+def check_lengths(index: IndexFile) -> None:
+    """The arrays are as long as each other and the meta say (a lying index must not be indexed past
+    an array's end; the values within are only sliced, which cannot fail). Cheap: no per-sample array
+    is scanned."""
+    meta = IndexMeta.of(index)
+    count = len(require_array(index, "key_offsets", np.int64)) - 1
+    require_array(index, "keys", np.uint8)
+    require_array(index, "labels", np.int64, max(count, 0))
+    watched = len(require_array(index, "watched_mtime_ns", np.int64))
+    require_array(index, "watched", np.uint8)
+    require_array(index, "watched_offsets", np.int64, watched + 1)
+    if index.kind == FOLDER_KIND:
+        counts = require_array(index, "class_counts", np.int64, len(meta.classes)).tolist()  # one per class
+        if min(counts, default=0) < 0 or sum(counts) != count:
+            raise FormatError(f"{index.path}: the class counts do not add up to the {count} samples")
+    else:
+        require_array(index, "label_range", np.int64, 2)
+    for number in range(len(meta.fields)):
+        require_array(index, f"field{number}", np.uint8)
+        require_array(index, f"field{number}_offsets", np.int64, count + 1)
 
 
 def _matches(index: IndexFile, identity: tuple[str, str | None]) -> bool:
@@ -191,7 +236,7 @@ def _stale_reason(index: IndexFile | None, identity: tuple[str, str | None], sta
 def _mtime_ns_or_none(path: str) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in a path read back from a corrupt index
         return None
 
 
@@ -224,7 +269,25 @@ def scan_folder(
         jobs = pool.map(lambda name: scan_class(root, name, is_valid_file, root_identity), classes)
         scans = list(tqdm(jobs, total=len(classes), desc=f"indexing {root}", unit="class", disable=None))
     arrays = assemble_folder_arrays(os.path.abspath(root), root_stat.st_mtime_ns, scans)
-    return IndexMeta(os.path.realpath(root), settings, tuple(classes), started, content_id(arrays)), arrays
+    odd = [key for scan in scans for key in scan.not_regular]
+    if odd:
+        log.warning(
+            "%s: skipped %d %s not regular files (FIFOs, devices or sockets; never opened): %s",
+            root,
+            len(odd),
+            "entry that is" if len(odd) == 1 else "entries that are",
+            ", ".join(odd[:_NOT_REGULAR_EXAMPLES]) + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
+        )
+    meta = IndexMeta(
+        os.path.realpath(root),
+        settings,
+        tuple(classes),
+        started,
+        content_id(arrays),
+        not_regular=len(odd),
+        not_regular_examples=tuple(odd[:_NOT_REGULAR_EXAMPLES]),
+    )
+    return meta, arrays
 
 
 def scan_class(
@@ -241,6 +304,7 @@ def scan_class(
     """
     top = os.path.join(root, name)
     listed: list[tuple[str, list[str]]] = []  # (path suffix below top, file names)
+    not_regular: list[str] = []
     dirs: list[str] = []
     mtimes: list[int] = []
     pending: list[tuple[str, tuple[tuple[int, int], ...]]] = [("", outer)] if os.path.isdir(top) else []
@@ -257,8 +321,9 @@ def scan_class(
         mtimes.append(stat.st_mtime_ns)
         listing = _list_directory(top + suffix)
         if listing is not None:
-            subdirs, files = listing
+            subdirs, files, odd = listing
             listed.append((suffix, files))
+            not_regular.extend(f"{name}{suffix}/{entry}" for entry in sorted(odd))
             pending.extend((f"{suffix}/{sub}", (*ancestors, identity)) for sub in subdirs)
     listed.sort(key=lambda item: item[0])
     keys = []
@@ -270,25 +335,42 @@ def scan_class(
                 accepted = is_valid_file(f"{top}{suffix}/{file}")
             if accepted:
                 keys.append(f"{name}{suffix}/{file}".encode("utf-8", "surrogateescape"))
-    return ClassScan(b"".join(keys), np.fromiter(map(len, keys), np.int64, len(keys)), dirs, mtimes)
+    lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+    return ClassScan(b"".join(keys), lengths, dirs, mtimes, sorted(not_regular))
 
 
-def _list_directory(path: str) -> tuple[list[str], list[str]] | None:
-    """(sub-directories, other entries) of ``path`` as os.walk splits them; None where os.walk
-    would skip the directory (unreadable)."""
+def _list_directory(path: str) -> tuple[list[str], list[str], list[str]] | None:
+    """(sub-directories, files, FIFOs / devices / sockets) of ``path``; None where os.walk would skip
+    the directory (unreadable). os.walk lists the third kind among the files, but opening a FIFO
+    waits for a writer forever: they are kept apart, and never opened."""
     subdirs: list[str] = []
     files: list[str] = []
+    odd: list[str] = []
     try:
         with os.scandir(path) as entries:
             for entry in entries:
-                try:
-                    is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
-                except OSError:
-                    is_dir = False
-                (subdirs if is_dir else files).append(entry.name)
+                (subdirs if _is_dir(entry) else files if _is_file(entry) else odd).append(entry.name)
     except OSError:
         return None
-    return subdirs, files
+    return subdirs, files, odd
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """Not a FIFO, a device or a socket (symlinks followed; a plain regular file costs no stat)."""
+    try:
+        if entry.is_file():
+            return True
+        mode = entry.stat().st_mode
+    except OSError:
+        return True  # a dangling symlink, an entry that cannot be stat'ed: listed as os.walk does (its read names it)
+    return not any(test(mode) for test in _NOT_REGULAR)
 
 
 def assemble_folder_arrays(root: str, root_mtime_ns: int, scans: Sequence[ClassScan]) -> dict[str, np.ndarray]:

@@ -39,7 +39,7 @@ from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, de
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
-from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
+from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
     IRHeader,
@@ -50,7 +50,7 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
-from fastloader.storage import sidecar_path
+from fastloader.storage import open_regular, sidecar_path
 
 INDEX_KIND = "recordio"
 INDEX_VERSION = 1
@@ -77,7 +77,7 @@ def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
 
     def build() -> IndexFile:
         stamp = _sources_stamp(rec_path, idx_path)
-        with open(rec_path, "rb") as rec:
+        with open(open_regular(rec_path), "rb") as rec:  # a FIFO named *.rec: an error, never a hang
             meta, arrays = _build_index(rec.fileno(), stamp["rec"]["size"], rec_path, idx_path)
         write_index(index_path, INDEX_KIND, INDEX_VERSION, {"sources": stamp, **meta}, arrays)
         return read_index(index_path, INDEX_KIND, INDEX_VERSION)
@@ -86,11 +86,20 @@ def load_index(rec_path: str, idx_path: str | None) -> IndexFile:
 
 
 def _fresh_index(index_path: str, rec_path: str, idx_path: str | None) -> IndexFile | None:
+    """The index at ``index_path`` when it is of these files as they are now and its arrays agree in
+    length (each record's offset is checked when it is read); else None: build it again."""
     try:
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+        if index.meta.get("sources") != _sources_stamp(rec_path, idx_path):
+            return None
+        count = len(require_array(index, "offsets", np.int64))
+        require_array(index, "keys", np.int64, count)
+        require_array(index, "spans", np.int64, count)
+        if index.meta.get("layout") not in (PLAIN, INSIGHTFACE):
+            raise FormatError(f"{index_path}: unknown layout {index.meta.get('layout')!r}")
     except (FileNotFoundError, FormatError):
         return None
-    return index if index.meta.get("sources") == _sources_stamp(rec_path, idx_path) else None
+    return index
 
 
 def _build_index(
@@ -160,7 +169,7 @@ class _OpenRecordIO:
     (so that ``label(i)`` right after ``read(i)`` reads nothing)."""
 
     def __init__(self, rec_path: str, index_path: str) -> None:
-        self.fd = os.open(rec_path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = open_regular(rec_path)
         weakref.finalize(self, os.close, self.fd)
         self.size = os.fstat(self.fd).st_size
         arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays

@@ -36,12 +36,21 @@ from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, de
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField, decode_value, kind_of_extension
-from fastloader.formats.index_file import IndexFile, cached_index, read_index, string_at, write_index
+from fastloader.formats.index_file import (
+    IndexFile,
+    cached_index,
+    check_csr,
+    read_index,
+    require_array,
+    string_at,
+    write_index,
+)
 from fastloader.formats.patterns import expand_pattern
+from fastloader.formats.tar_index_check import check_shard_index
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS, load_shard_index
 from fastloader.remote.patterns import is_remote_pattern
-from fastloader.storage import cache_dir
+from fastloader.storage import cache_dir, open_regular
 
 CATALOG_KIND = "tar-catalog"
 CATALOG_VERSION = 2
@@ -97,7 +106,10 @@ def _build_catalog(
 
 
 def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any], image_exts: Sequence[str]) -> None:
-    """One catalog of the shard ``indexes`` (in order); ``identities`` say which shard states they index."""
+    """One catalog of the shard ``indexes`` (in order); ``identities`` say which shard states they index.
+    Each index is checked first (a lying one is a FormatError naming it, never a misread shard)."""
+    for index in indexes:
+        check_shard_index(index)
     exts: list[str] = []
     for index in indexes:
         exts.extend(ext for ext in index.meta["exts"] if ext not in exts)
@@ -175,9 +187,25 @@ def load_catalog(
 
 def open_catalog(path: str, count: int) -> IndexFile:
     catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
-    if int(catalog.arrays["starts"][-1]) != count:
+    starts = require_array(catalog, "starts", np.int64)
+    if not len(starts) or int(starts[-1]) != count:
         raise FormatError(f"{path}: the shards changed since this dataset was created; create it again")
+    check_catalog_lengths(catalog, len(starts) - 1)
     return catalog
+
+
+def check_catalog_lengths(catalog: IndexFile, shards: int) -> None:
+    """The catalog's arrays are as long as its counts say (cheap: its values are checked when built from
+    the shard indexes, and each read's offset and size against its shard)."""
+    check_csr(catalog, "starts", shards, len(require_array(catalog, "data_offset", np.int64)))
+    count = int(catalog.arrays["starts"][-1])
+    for name, dtype in (("data_size", np.int64), ("label", np.int64), ("ext", np.uint8)):
+        require_array(catalog, name, dtype, count)
+    for name in ("key_offsets", "member_starts"):
+        require_array(catalog, name, np.int64, count + 1)
+    members = len(require_array(catalog, "member_ext", np.int32))
+    require_array(catalog, "member_offset", np.int64, members)
+    require_array(catalog, "member_size", np.int64, members)
 
 
 class OpenShards:
@@ -189,22 +217,31 @@ class OpenShards:
 
     def __init__(self, locate: Callable[[int], str]) -> None:
         self._locate = locate
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds: OrderedDict[int, tuple[int, int]] = OrderedDict()  # shard -> (descriptor, file size)
 
-    def pread(self, shard: int, size: int, offset: int) -> bytes:
-        fd = self._fds.get(shard)
-        if fd is None:
-            fd = self._fds[shard] = self._open(shard)
+    def pread(self, shard: int, size: int, offset: int, key: Callable[[], str]) -> bytes:
+        """``size`` bytes at ``offset`` of the shard; FormatError naming ``key()`` when they are not all there."""
+        opened = self._fds.get(shard)
+        if opened is None:
+            fd = self._open(shard)
+            opened = self._fds[shard] = (fd, os.fstat(fd).st_size)
             if len(self._fds) > _MAX_OPEN_SHARDS:
-                os.close(self._fds.popitem(last=False)[1])
+                os.close(self._fds.popitem(last=False)[1][0])
         else:
             self._fds.move_to_end(shard)
-        return os.pread(fd, size, offset)
+        fd, file_size = opened
+        # Checked before the read: a catalog's values may lie (a negative offset, a size of 2**62).
+        if offset < 0 or size < 0 or offset > file_size - size:
+            raise FormatError(f"{key()}: {size} bytes at byte {offset} lie outside the shard ({file_size} bytes)")
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise FormatError(f"{key()}: the shard ends early (modified since it was indexed?)")
+        return data
 
     def _open(self, shard: int) -> int:
         for attempt in range(3):
             try:
-                return os.open(self._locate(shard), os.O_RDONLY | os.O_CLOEXEC)
+                return open_regular(self._locate(shard))
             except FileNotFoundError:
                 # A cached remote shard may be evicted between its fetch and this open: fetch it again.
                 if attempt == 2:
@@ -213,7 +250,7 @@ class OpenShards:
 
     def __del__(self) -> None:
         # Also runs in a forked worker for the copy it inherited: closing that copy is right there.
-        for fd in self._fds.values():
+        for fd, _ in self._fds.values():
             try:
                 os.close(fd)
             except OSError:
@@ -237,6 +274,7 @@ class CatalogSource:
     def _attach(
         self, catalog: IndexFile, locate: Callable[[int], str], recorded: Mapping[str, FieldMember] | None = None
     ) -> None:
+        check_catalog_lengths(catalog, len(self.shards))
         self._starts = np.array(catalog.arrays["starts"])  # one entry per shard: kept in memory
         self._length = int(self._starts[-1])
         self._exts: list[str] = list(catalog.meta["exts"])
@@ -272,10 +310,7 @@ class CatalogSource:
         index = check_index(index, self._length)
         arrays = self._catalog.get().arrays
         offset, size = int(arrays["data_offset"][index]), int(arrays["data_size"][index])
-        data = self._files.get().pread(self._shard_of(index), size, offset)
-        if len(data) != size:
-            raise FormatError(f"{self.key(index)}: the shard ends early (modified since it was indexed?)")
-        return data
+        return self._files.get().pread(self._shard_of(index), size, offset, lambda: self.key(index))
 
     def label(self, index: int) -> int:
         return int(self._catalog.get().arrays["label"][check_index(index, self._length)])
@@ -292,7 +327,10 @@ class CatalogSource:
 
     def extension(self, index: int) -> str:
         """The extension of the image member (``jpg``, ``png``, ...)."""
-        return self._exts[int(self._catalog.get().arrays["ext"][check_index(index, self._length)])]
+        code = int(self._catalog.get().arrays["ext"][check_index(index, self._length)])
+        if code >= len(self._exts):
+            raise FormatError(f"{self.key(index)}: extension code {code} is not in the catalog's table")
+        return self._exts[code]
 
     def field_kinds(self) -> dict[str, str]:
         """The fields samples may carry, name -> kind (a pack's recorded ones, else one per extension)."""
@@ -319,9 +357,7 @@ class CatalogSource:
             raise MissingField(f"{self.key(index)}: no field {name!r} (no .{ext} member)")
         row = start + int(found[0])
         offset, size = int(arrays["member_offset"][row]), int(arrays["member_size"][row])
-        data = self._files.get().pread(self._shard_of(index), size, offset)
-        if len(data) != size:
-            raise FormatError(f"{self.key(index)}: the shard ends early (modified since it was indexed?)")
+        data = self._files.get().pread(self._shard_of(index), size, offset, lambda: self.key(index))
         return decode_value(kind, data, f"{self.key(index)}: field {name!r}")
 
     def source_key(self, index: int) -> str | None:

@@ -46,6 +46,7 @@ from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.protobuf import Feature, parse_example
 from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, default_index_path, load_index, read_record
+from fastloader.storage import open_regular
 
 # Each open shard costs a data descriptor and two index mmaps (each holds a descriptor): bound them,
 # so that thousands of shards do not exhaust a worker's descriptor limit (often 1024).
@@ -54,7 +55,7 @@ _MAX_OPEN_SHARDS = 64
 
 class _OpenShard:
     def __init__(self, path: str, index_path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = open_regular(path)
         weakref.finalize(self, os.close, self.fd)
         self.size = os.fstat(self.fd).st_size
         arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays

@@ -15,6 +15,12 @@ The two pipelines (the same geometry, batch size, workers, order and ``pin_memor
 * fastloader: ``ImageDataset`` / ``ImageFolder`` with the same ``fastloader.transforms`` geometry (decoded
   at the size it needs, uint8 batches) through ``DataLoaderX(normalize=(mean, std))``.
 
+Real datasets hold bad files: both pipelines replace a sample that cannot be read or decoded by the next
+good one (fastloader's ``on_error="replace"``; the same rule wrapped around the stock dataset), and the
+result counts them (``bad_samples``, the first few named in ``bad_examples``). FIFOs, devices and sockets
+in an image folder are samples of neither (fastloader's ImageFolder skips them, torchvision's is given a
+filter that does): opening one would wait forever.
+
 Method (as ``benchmarks/bench_pipeline.py``): one untimed round of both (page cache, indexes, lazily
 built state), then ``repeats`` rounds, stock then fastloader; medians. A run creates its loader, takes
 one warm-up batch (it pays the worker start-up: reported as the first-batch latency, not counted in the
@@ -28,7 +34,9 @@ start-up is paid once per run, by the warm-up batch.
 from __future__ import annotations
 
 import io
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,7 +44,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from fastloader.doctor.pipelines import MEAN, PIPELINES, STD, fastloader_transform, torchvision_geometry
+from fastloader.datasets.folder_index import IMG_EXTENSIONS
+from fastloader.doctor.pipelines import (
+    MEAN,
+    PIPELINES,
+    STD,
+    bad_sample_lines,
+    bad_samples_found,
+    fastloader_transform,
+    torchvision_geometry,
+)
 
 _NEEDS_TORCHVISION = "fastloader bench needs torchvision: pip install fastloader[vision]"
 
@@ -79,6 +96,30 @@ class StockDataset(Dataset[tuple[Any, int]]):
         return self.transform(image), self.source.label(index)
 
 
+class Replacing(Dataset[Any]):
+    """The stock dataset with a bad sample replaced by the next good one, as fastloader's ``replace``
+    does (index + 1, + 2, ...): one bad file must end neither pipeline's run."""
+
+    def __init__(self, dataset: Any, tries: int = 16) -> None:
+        self.dataset, self.tries = dataset, tries
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        for step in range(self.tries):
+            try:
+                return self.dataset[(index + step) % len(self.dataset)]
+            except Exception:  # noqa: BLE001 - any failure of one sample is that sample's, as under replace
+                pass
+        return self.dataset[(index + self.tries) % len(self.dataset)]  # the last try raises, naming its file
+
+
+def regular_image_file(path: str) -> bool:
+    """torchvision's ImageFolder filter (its extensions), FIFOs, devices and sockets left out."""
+    return path.lower().endswith(IMG_EXTENSIONS) and os.path.isfile(path)
+
+
 def _versions() -> tuple[str, str]:
     try:
         import torchvision
@@ -99,7 +140,7 @@ def _datasets(path: str, src_format: str, root: str | None, pipeline: str) -> tu
     ours = fastloader_transform(pipeline)
     theirs = tv.Compose([*torchvision_geometry(pipeline), tv.ToTensor(), tv.Normalize(MEAN, STD)])
     if kind == "folder":
-        stock = torchvision.datasets.ImageFolder(path, transform=theirs)
+        stock = torchvision.datasets.ImageFolder(path, transform=theirs, is_valid_file=regular_image_file)
         return kind, stock, ImageFolder(path, transform=ours), "torchvision ImageFolder", "fastloader ImageFolder"
     return kind, StockDataset(source, theirs), ImageDataset(source, transform=ours), "PIL Dataset", "ImageDataset"
 
@@ -177,6 +218,10 @@ def bench(
 
     shuffle, pin_memory = pipeline == "train", torch.cuda.is_available()
 
+    stock_dataset = Replacing(stock_dataset)
+    scratch = tempfile.TemporaryDirectory(prefix="fastloader-bench-")  # the quarantine: bad samples counted there
+    our_dataset.set_error_policy("replace", quarantine=os.path.join(scratch.name, "quarantine.tsv"))
+
     def stock(indices: Sampler[int]) -> DataLoader[Any]:
         return DataLoader(
             stock_dataset, batch_size=batch_size, sampler=indices, num_workers=workers, pin_memory=pin_memory
@@ -195,12 +240,14 @@ def bench(
     count = (batches + 1) * batch_size  # + the warm-up batch
     step_s = step_ms / 1000
     runs: dict[str, list[dict[str, float]]] = {"stock": [], "fastloader": []}
-    for round_ in range(repeats + 1):  # round 0: untimed warm-up
-        for number, (name, make) in enumerate((("stock", stock), ("fastloader", fast))):
-            indices = RunIndices(size, count, shuffle, run=2 * round_ + number)
-            run = _run(make, indices, batches, step_s)
-            if round_:
-                runs[name].append(run)
+    with scratch:
+        for round_ in range(repeats + 1):  # round 0: untimed warm-up
+            for number, (name, make) in enumerate((("stock", stock), ("fastloader", fast))):
+                indices = RunIndices(size, count, shuffle, run=2 * round_ + number)
+                run = _run(make, indices, batches, step_s)
+                if round_:
+                    runs[name].append(run)
+        bad = bad_samples_found(our_dataset.error_policy)
 
     stock_row = _median(runs["stock"], f"torch DataLoader + {stock_name}")
     our_row = _median(runs["fastloader"], f"DataLoaderX + {our_name}")
@@ -224,6 +271,7 @@ def bench(
         "stock": stock_row,
         "fastloader": our_row,
         "ratio": our_row["images_per_s"] / stock_row["images_per_s"],
+        **bad,
     }
 
 
@@ -247,4 +295,5 @@ def format_text(result: dict[str, Any]) -> str:
         f"{_count(result['usable_cores'], 'usable core')}, "
         f"{result['device']}{step}; median of {result['repeats']} x {result['batches']} batches)"
     )
+    lines += bad_sample_lines(result)
     return "\n".join(lines)

@@ -5,10 +5,16 @@ builds the pipeline the flags describe (default: a train pipeline, RandomResized
 uint8 batches normalized after the copy, as DataLoaderX runs it), and measures in turn: the storage
 (sequential and random reads), the loader (``diagnose``: stages, throughput, CPU, memory, GPU), and
 the machine's traps (``environment``). The verdict closes the result.
+
+Real datasets hold bad files: the dataset runs under ``on_error="replace"`` (a bad sample is replaced by
+the next good one), and the result counts them (``bad_samples``, the first few in ``bad_examples``);
+the storage test passes over files it cannot read (``unreadable``).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import torch
@@ -16,7 +22,7 @@ import torch
 import fastloader
 from fastloader.doctor.diagnose import diagnose
 from fastloader.doctor.environment import environment
-from fastloader.doctor.pipelines import MEAN, STD, fastloader_transform
+from fastloader.doctor.pipelines import MEAN, STD, bad_sample_lines, bad_samples_found, fastloader_transform
 from fastloader.doctor.storage import read_speed
 
 
@@ -43,8 +49,11 @@ def checkup(
     if len(source) == 0:
         raise ValueError(f"{path}: the dataset is empty")
     cuda = torch.cuda.is_available()
+    dataset: ImageDataset[Any] = ImageDataset(source, transform=fastloader_transform(transform))
+    scratch = tempfile.TemporaryDirectory(prefix="fastloader-doctor-")  # the quarantine: bad samples counted there
+    dataset.set_error_policy("replace", quarantine=os.path.join(scratch.name, "quarantine.tsv"))
     loader = DataLoaderX(
-        ImageDataset(source, transform=fastloader_transform(transform)),
+        dataset,
         batch_size=batch_size,
         shuffle=True,
         num_workers=num_workers,
@@ -53,7 +62,11 @@ def checkup(
         decode_on=decode_on,
     )
     reads = read_speed(source) if storage else None
-    result = diagnose(loader, batches=batches, seconds=seconds, step_ms=step_ms, small_files=kind in ("folder", "list"))
+    with scratch:
+        result = diagnose(
+            loader, batches=batches, seconds=seconds, step_ms=step_ms, small_files=kind in ("folder", "list")
+        )
+        result.update(bad_samples_found(dataset.error_policy))
     env, traps = environment(_batch_bytes(batch_size), int(loader.num_workers), loader.prefetch_factor)
     return {
         "fastloader_version": fastloader.__version__,
@@ -122,6 +135,7 @@ def format_text(result: dict[str, Any]) -> str:
     if tuned:
         trials = ", ".join(f"{t['num_workers']}: {t['images_per_s']:.0f}/s" for t in tuned["trials"])
         lines.append(f"num_workers='auto' chose {tuned['num_workers']} ({trials})")
+    lines += bad_sample_lines(result)
     for trap in result["traps"]:
         lines.append(f"warning: {trap['message']}\n  fix: {trap['fix']}")
     verdict = result["verdict"]

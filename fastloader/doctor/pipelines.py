@@ -1,11 +1,13 @@
 """The pipelines the doctor and the bench measure: torchvision's ImageNet recipes, as fastloader runs them
-and as torchvision does."""
+and as torchvision does; and how both report the bad samples they replaced on the way."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 PIPELINES = ("train", "eval")
+_EXAMPLES = 5  # bad samples named in a result
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, as torchvision's examples
 
 
@@ -32,3 +34,22 @@ def torchvision_geometry(name: str) -> list[Any]:
     if name == "train":
         return [tv.RandomResizedCrop(224), tv.RandomHorizontalFlip()]
     return [tv.Resize(256), tv.CenterCrop(224)]
+
+
+def bad_samples_found(policy: Any) -> dict[str, Any]:
+    """``bad_samples`` (how many a dataset's ``ErrorPolicy`` replaced) and ``bad_examples`` (the first few)."""
+    bad = policy.bad_samples() if policy is not None else []
+    return {"bad_samples": len(bad), "bad_examples": [f"{sample.key}: {sample.reason}" for sample in bad[:_EXAMPLES]]}
+
+
+def bad_sample_lines(result: Mapping[str, Any]) -> list[str]:
+    """What ``bench`` and ``doctor`` print about the bad samples they replaced (nothing when none)."""
+    count = result.get("bad_samples") or 0
+    if not count:
+        return []
+    examples = list(result.get("bad_examples") or ())
+    lines = [f"bad samples: {count} (each replaced by the next good one, as on_error='replace' does)"]
+    lines += [f"  {example}" for example in examples]
+    if count > len(examples):
+        lines.append("  ... list them all with `fastloader scan`")
+    return lines

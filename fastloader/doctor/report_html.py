@@ -10,7 +10,6 @@ is escaped (dataset paths may hold ``<`` or ``&``).
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
@@ -27,6 +26,7 @@ from fastloader.doctor.svg_charts import (
     line_chart,
     num,
 )
+from fastloader.storage import write_report_bytes
 
 __all__ = ["render_report", "write_report"]
 
@@ -143,9 +143,18 @@ def _header(result: Mapping[str, Any]) -> str:
         f'<div class="meta"><span>format <b>{_text(dataset.get("format"))}</b></span>'
         f"<span>images <b>{_count(images) if num(images) is not None else _text(images)}</b></span>"
         f"<span>fastloader <b>{_text(result.get('fastloader_version'))}</b></span>"
-        f"<span>measured <b>{_text(result.get('created'))}</b></span></div>"
+        f"<span>measured <b>{_text(result.get('created'))}</b></span>{_bad_samples(result)}</div>"
         f'<div class="chips">{chips or "<span class=muted>no config recorded</span>"}</div></header>'
     )
+
+
+def _bad_samples(result: Mapping[str, Any]) -> str:
+    """The bad samples replaced during the measurement: their count, the first few named on hover."""
+    count = num(result.get("bad_samples"))
+    if not count:
+        return ""
+    examples = "\n".join(str(example) for example in _list(result.get("bad_examples")))
+    return f'<span title="{_text(examples)}">bad samples (replaced) <b>{_count(result.get("bad_samples"))}</b></span>'
 
 
 def _verdict(result: Mapping[str, Any]) -> str:
@@ -337,23 +346,7 @@ def render_report(result: Mapping[str, Any]) -> str:
 
 
 def write_report(result: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the page to ``path`` atomically: a reader never sees half a report, a failed write leaves the old one."""
+    """Write the page to ``path`` atomically: a reader never sees half a report, a failed write leaves the
+    old one (a symlink's target is written, a FIFO or ``/dev/null`` in place: see ``write_report_bytes``)."""
     text = render_report(result)  # before touching the disk: a render error leaves no temporary file
-    target = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(target))
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
-    # os.open with 0o666 lets the umask decide the mode, as for any file the user writes; a
-    # NamedTemporaryFile would leave the report readable by its owner only (0600).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_report_bytes(path, text.encode("utf-8"))

@@ -25,7 +25,13 @@ _STAGE = {
 _READS = {
     "type": "object",
     "required": ["mb_per_s", "files_per_s", "files", "bytes", "seconds"],
-    "properties": {"mb_per_s": _NUMBER, "files_per_s": _NUMBER, "files": _COUNT, "bytes": _COUNT},
+    "properties": {
+        "mb_per_s": _NUMBER,
+        "files_per_s": _NUMBER,
+        "files": _COUNT,
+        "bytes": _COUNT,
+        "unreadable": _COUNT,  # items passed over: they could not be read
+    },
 }
 
 SCHEMA: dict[str, Any] = {
@@ -120,6 +126,8 @@ SCHEMA: dict[str, Any] = {
             },
         },
         "gpu": {"type": ["object", "null"]},
+        "bad_samples": _COUNT,  # replaced by the next good one (on_error="replace")
+        "bad_examples": {"type": "array", "items": {"type": "string"}},  # the first few, "key: reason"
         "verdict": {
             "type": "object",
             "required": ["level", "wait_fraction", "bottleneck", "summary", "advice"],

@@ -3,7 +3,8 @@
 Reads go through the dataset's source (``read(i)``), the same path the workers take. The figures
 include the operating system's page cache: data read recently (a previous run) comes from memory.
 Sequential reads take the first items, random reads items drawn from the rest, so the second
-measurement is not served by the first.
+measurement is not served by the first. An item that cannot be read (a file deleted or unreadable since
+it was indexed) is passed over and counted (``unreadable``): one bad file does not stop the doctor.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastloader.datasets.base import Source
+from fastloader.errors import FormatError
 
 
 def read_speed(source: Source, seconds: float = 1.5, limit: int = 2000) -> dict[str, Any]:
@@ -27,12 +29,15 @@ def read_speed(source: Source, seconds: float = 1.5, limit: int = 2000) -> dict[
 
 
 def _read(source: Source, indices: np.ndarray, seconds: float) -> dict[str, Any]:
-    files = size = 0
+    files = size = unreadable = 0
     start = time.perf_counter()
     elapsed = 0.0
     for index in indices:
-        size += len(source.read(int(index)))
-        files += 1
+        try:
+            size += len(source.read(int(index)))
+            files += 1
+        except (OSError, FormatError):
+            unreadable += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             break
@@ -42,4 +47,5 @@ def _read(source: Source, indices: np.ndarray, seconds: float) -> dict[str, Any]
         "files": files,
         "bytes": size,
         "seconds": elapsed,
+        "unreadable": unreadable,
     }

@@ -71,8 +71,14 @@ class FieldReader:
             if output.role == "field":
                 values[output.name] = self.source.read_field(index, output.spec)
             elif output.role == "mask":
-                data = self.source.read_field(index, output.spec.name)  # type: ignore[union-attr]
-                values[output.name] = decode_mask(data, f"{self.source.key(index)}: field {output.spec.name!r}")  # type: ignore[union-attr]
+                where = f"{self.source.key(index)}: field {output.spec.name!r}"  # type: ignore[union-attr]
+                mask = decode_mask(self.source.read_field(index, output.spec.name), where)  # type: ignore[union-attr]
+                if source_size is not None and mask.shape[:2] != source_size[::-1]:
+                    width, height = source_size
+                    raise FormatError(
+                        f"{where}: the mask is {mask.shape[1]}x{mask.shape[0]} pixels, its image {width}x{height}"
+                    )
+                values[output.name] = mask
             else:
                 values[output.name] = self._boxes(index, output, source_size)
         return values
@@ -112,9 +118,7 @@ class FieldReader:
         where = f"{self.source.key(index)}: field {spec.name!r}"
         labels: Any = None
         if len(spec.sources) == 4:
-            columns = [
-                np.asarray(self.source.read_field(index, name), dtype=np.float64).reshape(-1) for name in spec.sources
-            ]
+            columns = [_numbers(self.source.read_field(index, name), np.float64, where) for name in spec.sources]
             if len({len(column) for column in columns}) != 1:
                 raise FormatError(f"{where}: the four box fields hold {[len(c) for c in columns]} values")
             numbers: Any = np.stack(columns, axis=1)
@@ -127,11 +131,10 @@ class FieldReader:
                     if output.kind == "array"
                     else _walk(stored, spec.labels.split("."), where)
                 )
-        try:
-            array = np.asarray(numbers, dtype=np.float32).reshape(-1, 4)
-        except (TypeError, ValueError):
-            raise FormatError(f"{where}: boxes must be groups of 4 numbers, got {str(numbers)[:80]}") from None
-        boxes = to_xyxy(torch.from_numpy(array.copy()), spec.format)
+        array = _numbers(numbers, np.float32, where)
+        if len(array) % 4:
+            raise FormatError(f"{where}: boxes must be groups of 4 numbers, got {str(numbers)[:80]}")
+        boxes = to_xyxy(torch.from_numpy(array.reshape(-1, 4).copy()), spec.format)
         if spec.normalized:
             if source_size is None:
                 raise ValueError(f"{where}: normalized boxes need the image's size")
@@ -141,12 +144,27 @@ class FieldReader:
         if spec.labels is not None:
             try:
                 label_array = np.asarray(labels, dtype=np.int64).reshape(-1)
-            except (TypeError, ValueError):
-                raise FormatError(f"{where}: box labels must be integers, got {str(labels)[:80]}") from None
+            except (TypeError, ValueError, OverflowError):  # 10**400 does not fit an int64
+                raise FormatError(f"{where}: box labels must be integers (int64), got {str(labels)[:80]}") from None
             if len(label_array) != len(boxes):
                 raise FormatError(f"{where}: {len(boxes)} boxes but {len(label_array)} labels")
             value["labels"] = torch.from_numpy(label_array)
         return value
+
+
+def _numbers(value: Any, dtype: type, where: str) -> np.ndarray:
+    """``value`` (nested lists of numbers, an array) as a flat array of finite ``dtype`` numbers; FormatError
+    naming ``where`` otherwise (a JSON ``1e400`` is infinite, a ``10**400`` does not fit a float)."""
+    finite = f"box coordinates must be finite {np.dtype(dtype).name} numbers"
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # out of range: refused below, not warned about
+            array: np.ndarray = np.asarray(value, dtype=dtype).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as error:
+        problem = finite if isinstance(error, OverflowError) else "boxes must be groups of 4 numbers"
+        raise FormatError(f"{where}: {problem}, got {str(value)[:80]}") from None
+    if not np.isfinite(array).all():
+        raise FormatError(f"{where}: {finite}, got {str(value)[:80]}")
+    return array
 
 
 def to_tv_tensors(values: Mapping[str, Any], layout: Layout, canvas: tuple[int, int]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from fastloader.errors import FormatError
+from fastloader.formats import json_text
 
 KINDS = ("image", "bytes", "text", "json", "int", "float", "array")
 
@@ -165,7 +166,9 @@ def check_value(kind: str, value: Any, where: str) -> Any:
             return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
     elif kind == "json":
         try:
-            json.dumps(value)
+            json_text.dumps(value, where)  # FormatError (a ValueError) when nested too deep
+        except FormatError:
+            raise
         except (TypeError, ValueError):
             pass
         else:
@@ -182,7 +185,7 @@ def encode_value(kind: str, value: Any) -> bytes:
     if kind == "text":
         return str(value).encode("utf-8")
     if kind == "json":
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return json_text.dumps(value, "a json value", ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if kind == "int":
         return str(int(value)).encode("ascii")
     if kind == "float":
@@ -197,6 +200,27 @@ def encode_value(kind: str, value: Any) -> bytes:
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
 
 
+def _decode_npy(data: bytes) -> np.ndarray:
+    """A ``.npy`` array, its header checked against the bytes present before anything is allocated
+    (a header claiming 10^13 elements is refused, not allocated)."""
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f".npy format version {version} is not supported")
+    if dtype.kind not in "biuf" or dtype.subdtype is not None:
+        raise ValueError(f"dtype {dtype} is not numeric")
+    announced = dtype.itemsize * math.prod(shape)  # Python ints: exact however large the header claims
+    present = len(data) - stream.tell()
+    if announced != present:
+        raise ValueError(f"the header announces {announced} bytes of data ({shape} {dtype}), {present} follow")
+    array = np.frombuffer(data, dtype=dtype, offset=stream.tell()).copy()  # writable, as read_array's
+    return array.reshape(shape[::-1]).transpose() if fortran_order else array.reshape(shape)
+
+
 def decode_value(kind: str, data: bytes | memoryview, where: str) -> Any:
     """A field value from its canonical bytes; FormatError naming ``where`` when they are not one."""
     try:
@@ -205,7 +229,10 @@ def decode_value(kind: str, data: bytes | memoryview, where: str) -> Any:
         if kind == "text":
             return bytes(data).decode("utf-8")
         if kind == "json":
-            return json.loads(bytes(data).decode("utf-8"))
+            text = bytes(data).decode("utf-8")
+            if json_text.depth_exceeds(text):  # the same answer in every process, whatever its stack
+                raise json_text.too_deep(where)
+            return json.loads(text)
         if kind == "int":
             value = int(bytes(data).decode("ascii").strip())
             if not _INT64[0] <= value < _INT64[1]:
@@ -217,10 +244,9 @@ def decode_value(kind: str, data: bytes | memoryview, where: str) -> Any:
                 raise ValueError("not a number")
             return number
         if kind == "array":
-            array = np.lib.format.read_array(io.BytesIO(bytes(data)), allow_pickle=False)
-            if array.dtype.kind not in "biuf":
-                raise ValueError(f"dtype {array.dtype} is not numeric")
-            return array
+            return _decode_npy(bytes(data))
+    except FormatError:
+        raise
     except (UnicodeDecodeError, ValueError, EOFError, OSError) as error:
         raise FormatError(f"{where}: not a valid {kind} value ({type(error).__name__}: {error})") from None
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")

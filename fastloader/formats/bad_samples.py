@@ -5,19 +5,28 @@ Text, UTF-8 (undecodable bytes of file names kept by ``surrogateescape``), one s
 
     position<TAB>key<TAB>reason
 
-after an optional header line (``position	key	reason``). A backslash, tab or newline inside a key or a
-reason is written as ``\\\\``, ``\\t`` or ``\\n``, so every sample is exactly one line whatever its name.
+after an optional header line (``position	key	reason``). Inside a key or a reason a backslash, tab, newline
+or carriage return is written as ``\\\\``, ``\\t``, ``\\n`` or ``\\r``, and every other character that
+``str.splitlines`` ends a line at (``\\x0b``, ``\\x0c``, ``\\x1c`` .. ``\\x1e``, ``\\x85``, ``\\u2028``,
+``\\u2029``) as its ``\\x``/``\\u`` escape: every sample is exactly one line whatever its name, for this
+reader (which ends lines at ``\\n`` only) and for any line reader a user's script may use. Lists written
+before the last escapes existed read the same.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 HEADER = "position\tkey\treason"
-_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
-_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n"}
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_ESCAPES.update({char: f"\\x{ord(char):02x}" for char in "\x0b\x0c\x1c\x1d\x1e\x85"})
+_ESCAPES.update({char: f"\\u{ord(char):04x}" for char in "\u2028\u2029"})
+_NEEDS_ESCAPE = re.compile("[" + re.escape("".join(_ESCAPES)) + "]")
+_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+_ESCAPED = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|.?)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -30,20 +39,18 @@ class BadSample:
 
 
 def escape(text: str) -> str:
-    return "".join(_ESCAPES.get(char, char) for char in text) if any(c in text for c in _ESCAPES) else text
+    return _NEEDS_ESCAPE.sub(lambda match: _ESCAPES[match.group()], text)
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    code = match.group(1)
+    if len(code) > 1:
+        return chr(int(code[1:], 16))
+    return _UNESCAPES.get(code, "\\" + code)  # an unknown escape is kept as written
 
 
 def unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    out, chars = [], iter(text)
-    for char in chars:
-        if char == "\\":
-            following = next(chars, "")
-            out.append(_UNESCAPES.get(following, "\\" + following))
-        else:
-            out.append(char)
-    return "".join(out)
+    return _ESCAPED.sub(_unescaped, text) if "\\" in text else text
 
 
 def row(sample: BadSample) -> str:
@@ -60,11 +67,11 @@ def parse(lines: Iterable[str], path: str | os.PathLike[str] = "<list>", strict:
     """The samples of a list; the header and blank lines are passed over, anything else malformed is a
     ValueError naming the line (``strict``) or passed over (a line a killed process left half-written)."""
     for number, line in enumerate(lines, 1):
-        text = line.rstrip("\n")
+        text = line.removesuffix("\n").removesuffix("\r")  # a list edited on Windows: \r is escaped when written
         if not text.strip() or (number == 1 and text == HEADER):
             continue
         parts = text.split("\t", 2)
-        if len(parts) < 2 or not parts[0].strip().isdigit():
+        if len(parts) < 2 or not parts[0].strip().isdecimal():
             if not strict:
                 continue
             raise ValueError(f"{os.fspath(path)}:{number}: expected 'position<TAB>key<TAB>reason', got {text!r}")
@@ -73,7 +80,8 @@ def parse(lines: Iterable[str], path: str | os.PathLike[str] = "<list>", strict:
 
 
 def read(path: str | os.PathLike[str], strict: bool = True) -> list[BadSample]:
-    with open(path, encoding="utf-8", errors="surrogateescape") as file:
+    # newline="\n": only \n ends a line (text mode would end lines at a \r that an older list left raw).
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as file:
         return list(parse(file, path, strict))
 
 
@@ -84,7 +92,8 @@ def append(path: str | os.PathLike[str], sample: BadSample) -> None:
 
 
 def write(path: str | os.PathLike[str], samples: Iterable[BadSample]) -> None:
-    """A whole list, header first, replacing ``path`` atomically."""
-    from fastloader.storage import atomic_write_bytes
+    """A whole list, header first: ``path`` replaced atomically (a symlink's target; a FIFO or
+    ``/dev/null`` written in place, see :func:`fastloader.storage.write_report_bytes`)."""
+    from fastloader.storage import write_report_bytes
 
-    atomic_write_bytes(path, text_of(samples).encode("utf-8", "surrogateescape"))
+    write_report_bytes(path, text_of(samples).encode("utf-8", "surrogateescape"))

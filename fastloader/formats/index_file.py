@@ -19,6 +19,7 @@ Indexes are derived data: a reader that finds a missing, foreign, truncated or o
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
@@ -28,10 +29,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from fastloader.errors import FormatError
+from fastloader.formats import json_text
 from fastloader.storage import atomic_write, file_lock
 
 MAGIC = b"FLIDX\x00\x01\n"
 _ALIGN = 64
+_ARRAY_KINDS = "biuf"  # bool, integers, floats: what indexes hold (never objects, strings or records)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def read_index(path: str | os.PathLike[str], kind: str, version: int) -> IndexFi
             (header_len,) = struct.unpack("<Q", head[len(MAGIC) :])
             if header_len > size:
                 raise FormatError(f"{path}: truncated index header")
-            header = json.loads(file.read(header_len))
+            header = json_text.loads(file.read(header_len), f"{path}: index header")
     except FileNotFoundError:
         raise
     except (OSError, ValueError, UnicodeDecodeError) as error:
@@ -126,13 +129,27 @@ def cached_index(
 
 
 def _map_array(path: str, size: int, name: str, spec: Mapping[str, Any]) -> np.ndarray:
-    dtype, shape, offset = np.dtype(spec["dtype"]), tuple(spec["shape"]), int(spec["offset"])
-    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if offset < 0 or offset + nbytes > size:
+    """The array a header entry describes, memory-mapped; every value of the entry is checked first
+    (a header may lie: a huge shape must not size an allocation, an object dtype must not be mapped)."""
+    dtype_text, shape_list, offset = spec["dtype"], spec["shape"], spec["offset"]
+    if not isinstance(dtype_text, str) or not isinstance(shape_list, list):
+        raise FormatError(f"{path}: array {name!r}: malformed dtype or shape in the header")
+    dtype = np.dtype(dtype_text)
+    if dtype.kind not in _ARRAY_KINDS or dtype.subdtype is not None:
+        raise FormatError(f"{path}: array {name!r}: dtype {dtype_text!r} is not a plain numeric type")
+    if not all(_is_count(n) for n in shape_list) or not _is_count(offset):
+        raise FormatError(f"{path}: array {name!r}: shape {shape_list!r} or offset {offset!r} is not a count")
+    shape = tuple(shape_list)
+    nbytes = dtype.itemsize * math.prod(shape)  # Python ints: exact, however large the header claims
+    if offset + nbytes > size:
         raise FormatError(f"{path}: array {name!r} runs past the end of the file (truncated index)")
     if nbytes == 0:
         return np.empty(shape, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def pack_strings(strings: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,3 +165,57 @@ def string_at(blob: np.ndarray, offsets: np.ndarray, index: int) -> str:
     """The ``index``-th string of a :func:`pack_strings` pair."""
     start, end = int(offsets[index]), int(offsets[index + 1])
     return bytes(blob[start:end]).decode("utf-8", "surrogateescape")
+
+
+# --- checking an index's values before they index arrays or size reads ------------------------------
+# An index is read back from disk (or fetched beside a remote shard): its values may lie. Readers that
+# index arrays or the indexed file with them check them first, so that a lie is a FormatError naming
+# the index, never an IndexError, a MemoryError or an OSError later.
+
+
+def require_array(index: IndexFile, name: str, dtype: type, length: int | None = None) -> np.ndarray:
+    """``index.arrays[name]``, checked to be one-dimensional ``dtype`` values (``length`` of them)."""
+    array = index.arrays.get(name)
+    if array is None or array.dtype != np.dtype(dtype) or array.ndim != 1:
+        raise FormatError(f"{index.path}: array {name!r} is missing or not a 1-D {np.dtype(dtype).name} array")
+    if length is not None and len(array) != length:
+        raise FormatError(f"{index.path}: array {name!r} holds {len(array)} values, {length} expected")
+    return array
+
+
+def check_csr(index: IndexFile, name: str, rows: int, end: int) -> None:
+    """Offsets ``name`` (``rows + 1`` int64) run from 0 to ``end`` without going back."""
+    offsets = require_array(index, name, np.int64, rows + 1)
+    if int(offsets[0]) != 0 or int(offsets[-1]) != end or bool((offsets[1:] < offsets[:-1]).any()):
+        raise FormatError(f"{index.path}: offsets {name!r} do not run from 0 to {end} in order")
+
+
+def check_spans(index: IndexFile, offsets: str, sizes: str, rows: int, limit: int) -> None:
+    """Every (offset, size) of arrays ``offsets`` and ``sizes`` lies within ``limit`` bytes."""
+    start, size = require_array(index, offsets, np.int64, rows), require_array(index, sizes, np.int64, rows)
+    # limit - size, not start + size: no overflow, however large the values claim to be
+    if rows and (int(start.min()) < 0 or int(size.min()) < 0 or bool((start > limit - size).any())):
+        raise FormatError(f"{index.path}: {offsets!r} / {sizes!r} reach outside the {limit:,} bytes indexed")
+
+
+def check_codes(index: IndexFile, name: str, dtype: type, rows: int, count: int) -> None:
+    """Array ``name`` holds ``rows`` codes, each below ``count`` (a position in a table of the meta)."""
+    codes = require_array(index, name, dtype, rows)
+    if rows and (int(codes.min()) < 0 or int(codes.max()) >= count):
+        raise FormatError(f"{index.path}: array {name!r} holds codes outside its table of {count}")
+
+
+def meta_count(index: IndexFile, key: str) -> int:
+    """``index.meta[key]``, checked to be a count (an int >= 0)."""
+    value = index.meta.get(key)
+    if not isinstance(value, int) or not _is_count(value):
+        raise FormatError(f"{index.path}: meta {key!r} is {value!r}, not a count")
+    return value
+
+
+def meta_strings(index: IndexFile, key: str) -> list[str]:
+    """``index.meta[key]``, checked to be a list of strings."""
+    value = index.meta.get(key)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise FormatError(f"{index.path}: meta {key!r} is not a list of names")
+    return value

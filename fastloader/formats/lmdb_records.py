@@ -70,6 +70,7 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.fields.values import check_kind
+from fastloader.formats import json_text
 
 FORMAT_NAME = "fastloader-lmdb"
 FORMAT_VERSION = 2  # the newest this fastloader reads and writes
@@ -270,10 +271,7 @@ def decode_keys(data: bytes | memoryview) -> list[str]:
 
 
 def _load_json(data: bytes | memoryview, path: str, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(bytes(data))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise FormatError(f"{path}: unreadable {what} record ({error})") from error
+    doc = json_text.loads(bytes(data), f"{path}: unreadable {what} record")
     if not isinstance(doc, dict):
         raise FormatError(f"{path}: the {what} record is not a JSON object")
     if doc.get("format") != FORMAT_NAME:

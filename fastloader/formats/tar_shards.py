@@ -46,7 +46,8 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
-from fastloader.storage import sidecar_path
+from fastloader.formats.tar_index_check import check_shard_index
+from fastloader.storage import open_regular, sidecar_path
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pbm", "pnm", "gif", "tif", "tiff")
 LABEL_EXTS = ("cls", "cls2", "class", "label")
@@ -312,7 +313,7 @@ def build_shard_index(
     extra_arrays: Mapping[str, np.ndarray] | None = None,
 ) -> IndexFile:
     """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside)."""
-    fd = os.open(shard, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_regular(shard)  # a FIFO named *.tar: an error naming it, never a hang
     try:
         stat = os.fstat(fd)
         rows = _ShardRows(fd, shard, image_exts)
@@ -362,8 +363,11 @@ def upgrade_index(index_path: str | os.PathLike[str], fits: Callable[[Mapping[st
         return None
     if "source_key_blob" not in old.arrays or not fits(old.meta):
         return None  # a plain shard's: its other members were never indexed
+    samples = old.meta.get("samples")
+    if not isinstance(samples, int) or "data_offset" not in old.arrays or samples != len(old.arrays["data_offset"]):
+        return None  # its count does not match its arrays: rebuilt from the shard instead
     arrays = {name: np.asarray(array) for name, array in old.arrays.items()}
-    arrays["member_starts"] = np.zeros(int(old.meta["samples"]) + 1, dtype=np.int64)
+    arrays["member_starts"] = np.zeros(samples + 1, dtype=np.int64)
     arrays["member_ext"] = np.zeros(0, dtype=np.int32)
     arrays["member_offset"] = arrays["member_size"] = np.zeros(0, dtype=np.int64)
     write_index(index_path, INDEX_KIND, INDEX_VERSION, {**old.meta, "member_exts": []}, arrays)
@@ -389,7 +393,14 @@ def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexF
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
     except (FileNotFoundError, FormatError):
         return None
-    return index if _fits(shard, image_exts)(index.meta) else None
+    if not _fits(shard, image_exts)(index.meta):
+        return None
+    try:
+        check_shard_index(index)
+    except FormatError as error:
+        warnings.warn(f"rebuilding a shard index whose values do not hold: {error}", stacklevel=2)
+        return None
+    return index
 
 
 def load_shard_index(

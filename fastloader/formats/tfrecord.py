@@ -26,8 +26,8 @@ import crc32c
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.formats.index_file import IndexFile, cached_index, read_index, write_index
-from fastloader.storage import AtomicFile, sidecar_path
+from fastloader.formats.index_file import IndexFile, cached_index, meta_count, read_index, require_array, write_index
+from fastloader.storage import AtomicFile, open_regular, sidecar_path
 
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -125,7 +125,7 @@ def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] 
 
     def build() -> IndexFile:
         stamp = _stamp(path)
-        with open(path, "rb") as file:
+        with open(open_regular(path), "rb") as file:  # a FIFO named *.tfrecord: an error, never a hang
             offsets, lengths = scan_records(file.fileno(), stamp["size"], path)
         meta = {"data": stamp, "count": len(offsets)}
         write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, {"offsets": offsets, "lengths": lengths})
@@ -135,11 +135,18 @@ def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] 
 
 
 def _fresh_index(path: str, index_path: str) -> IndexFile | None:
+    """The index at ``index_path`` when it is of this file as it is now and its arrays are as long as its
+    count (each record's offset and length are checked when it is read); else None: build it again."""
     try:
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
+        if index.meta.get("data") != _stamp(path):
+            return None
+        count = meta_count(index, "count")
+        require_array(index, "offsets", np.int64, count)
+        require_array(index, "lengths", np.int64, count)
     except (FileNotFoundError, FormatError):
         return None
-    return index if index.meta.get("data") == _stamp(path) else None
+    return index
 
 
 class TFRecordWriter:

@@ -173,3 +173,66 @@ def test_every_dataset_type_replaces_a_bad_record(
     labels = torch.cat([labels for _, labels in DataLoaderX(ds, batch_size=4, num_workers=2)]).tolist()
     assert len(labels) == 10 and 3 not in labels and labels.count(4) == 2, "record 3 replaced by record 4"
     assert ds.error_stats()["bad_samples"] == 1
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (Linux's /proc/self/io ``rchar``)."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as io_stats:
+            return next(int(line.split()[1]) for line in io_stats if line.startswith("rchar:"))
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/self/io here")
+
+
+def test_thousands_of_bad_samples_read_the_quarantine_once(tmp_path: Path) -> None:
+    """Each bad sample reads only what was appended since the last one: the bytes read stay
+    proportional to the file, not to its size times the number of bad samples."""
+    from fastloader.datasets.error_policy import ErrorPolicy
+
+    quarantine = tmp_path / "q.tsv"
+    policy = ErrorPolicy("replace", 100_000, None, quarantine, ())
+    before = _bytes_read()
+    for i in range(4000):
+        policy.record(i, f"class_{i % 7}/image_{i:06d}.jpg", "undecodable: OSError: broken data stream")
+    read = _bytes_read() - before
+    size = quarantine.stat().st_size
+    assert policy.stats()["bad_samples"] == 4000
+    assert read < 3 * size, f"read {read:,} bytes for a {size:,}-byte quarantine: not linear"
+
+
+def test_counts_meet_across_processes_and_the_budget_trips_at_the_exact_sample(tmp_path: Path) -> None:
+    """Another process's 300 bad samples, then this one's: max_errors=500 trips at this process's 201st,
+    and a key the other process reported is not counted twice."""
+    from fastloader.datasets.error_policy import ErrorPolicy
+    from tests.helpers import run_python
+
+    quarantine = tmp_path / "q.tsv"
+    policy = ErrorPolicy("replace", 10_000, 500, quarantine, ())
+    policy.record(0, "mine/first.jpg", "empty: 0 bytes")  # read from the start by this process, before the other's
+    other = run_python(
+        "import sys\n"
+        "from fastloader.datasets.error_policy import ErrorPolicy\n"
+        "policy = ErrorPolicy('replace', 10_000, 500, sys.argv[1], ())\n"
+        "for i in range(299):\n"
+        "    policy.record(i, f'other/{i}.jpg', 'undecodable: broken')\n"
+        "print(policy.stats()['bad_samples'])\n",
+        str(quarantine),
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["300"]
+    policy.record(1, "other/5.jpg", "undecodable: broken")  # the other's: not a new one
+    for i in range(200):
+        policy.record(1000 + i, f"mine/{i}.jpg", "undecodable: broken")
+    assert policy.stats()["bad_samples"] == 500
+    with pytest.raises(TooManyBadSamples, match="501 bad samples, more than max_errors allows"):
+        policy.record(5000, "mine/one-too-many.jpg", "undecodable: broken")
+
+
+def test_a_quarantine_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from fastloader.datasets.error_policy import ErrorPolicy
+
+    os.mkfifo(tmp_path / "q.fifo")
+    with pytest.raises(ValueError, match="quarantine must be a regular file"):
+        ErrorPolicy("replace", 10, None, tmp_path / "q.fifo", ())

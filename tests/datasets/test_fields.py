@@ -238,3 +238,55 @@ def test_a_cache_refuses_annotations(tmp_path: Path) -> None:
     dataset = ImageDataset(SceneSource(), transform=T.Compose([T.Resize(40), T.CenterCrop(32)]), fields=DETECTION)
     with pytest.raises(ValueError, match="masks or boxes"):
         dataset.set_cache(tmp_path / "cache")
+
+
+def _shard_of_scenes(path: Path, scenes: list[dict[str, bytes]]) -> Path:
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for number, members in enumerate(scenes):
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"s{number:03d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("coordinate", ["1e400", "1" + "0" * 400, "-1e400", "NaN"])
+def test_a_box_coordinate_out_of_range_names_the_key_and_field(tmp_path: Path, coordinate: str) -> None:
+    from fastloader.datasets.tar import TarShardDataset
+    from fastloader.errors import FormatError
+
+    good = scene(0)
+    text = '{"annotations": [{"bbox": [1, 2, COORDINATE, 4], "category_id": 1}]}'.replace("COORDINATE", coordinate)
+    shard = _shard_of_scenes(tmp_path / "d.tar", [{"jpg": good["jpg"], "json": text.encode()}])
+    dataset = TarShardDataset(str(shard), transform=T.Compose([T.Resize(40), T.CenterCrop(32)]), fields=(COCO_BOXES,))
+    with pytest.raises(FormatError, match=r"d.tar:s000: field 'json': box coordinates must be finite") as caught:
+        dataset[0]
+    assert not isinstance(caught.value, OverflowError)
+    dataset.set_error_policy("skip", quarantine=tmp_path / "q.tsv")
+    assert dataset.__getitems__([0]) == [] and dataset.error_stats()["bad_samples"] == 1
+
+
+def test_a_box_label_out_of_range_names_the_key_and_field(tmp_path: Path) -> None:
+    from fastloader.datasets.tar import TarShardDataset
+    from fastloader.errors import FormatError
+
+    text = '{"annotations": [{"bbox": [1, 2, 3, 4], "category_id": 1ZEROS}]}'.replace("ZEROS", "0" * 400)
+    shard = _shard_of_scenes(tmp_path / "d.tar", [{"jpg": scene(0)["jpg"], "json": text.encode()}])
+    dataset = TarShardDataset(str(shard), fields=(COCO_BOXES,))
+    with pytest.raises(FormatError, match=r"d.tar:s000: field 'json': box labels must be integers"):
+        dataset[0]
+
+
+def test_a_mask_of_another_size_than_its_image_names_the_key_and_field(tmp_path: Path) -> None:
+    from fastloader.datasets.tar import TarShardDataset
+    from fastloader.errors import FormatError
+
+    small, large = scene(0, width=96, height=72), scene(1, width=64, height=48)
+    shard = _shard_of_scenes(tmp_path / "d.tar", [{"jpg": small["jpg"], "seg.png": large["seg.png"]}])
+    for transform in (T.Compose([T.Resize(40), T.CenterCrop(32)]), None):
+        dataset = TarShardDataset(str(shard), transform=transform, fields={"image": "jpg", "mask": Mask("seg.png")})
+        message = r"d.tar:s000: field 'seg.png': the mask is 64x48 pixels, its image 96x72"
+        with pytest.raises(FormatError, match=message):
+            dataset[0]

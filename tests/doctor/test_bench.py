@@ -108,3 +108,19 @@ def test_without_torchvision_a_clear_error(folder: Path, monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` now raises ImportError
     with pytest.raises(RuntimeError, match=r"pip install fastloader\[vision\]"):
         bench(str(folder), **SMALL)
+
+
+def test_a_bad_image_is_replaced_in_both_pipelines_and_counted(tmp_path: Path) -> None:
+    from fastloader.doctor.bench import format_text
+    from tests.images import image_bytes, write_image_folder
+
+    root = tmp_path / "images"
+    write_image_folder(root, count=199, classes=4)
+    jpeg = image_bytes(0)
+    (root / "class_0" / "0042_truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    # Each run reads 11 batches of 20: every one of the 200 images, the bad one too.
+    result = bench(str(root), batch_size=20, batches=10, repeats=1, num_workers=1)
+    check_figures(result, runs=1, images_per_run=200)
+    assert result["images"] == 200 and result["bad_samples"] == 1
+    assert result["bad_examples"][0].startswith("class_0/0042_truncated.jpg: ")
+    assert "bad samples: 1 (each replaced by the next good one" in format_text(result)

@@ -74,3 +74,44 @@ def test_a_missing_dataset_is_an_error_naming_it(tmp_path: Path, capsys: pytest.
     missing = tmp_path / "nowhere.lmdb"
     assert main(["doctor", str(missing)]) == 1
     assert str(missing) in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def one_bad_in_200(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """199 real images and one truncated JPEG, as a crawled dataset holds them."""
+    from tests.images import image_bytes, write_image_folder
+
+    root = tmp_path_factory.mktemp("doctor-bad") / "images"
+    write_image_folder(root, count=199, classes=4)
+    jpeg = image_bytes(0)  # a JPEG (KINDS[0])
+    (root / "class_0" / "0042_truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    return root
+
+
+def test_a_bad_image_is_replaced_and_counted(one_bad_in_200: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 10 batches of 20 with shuffle: one epoch of the 200, so the bad one is met.
+    args = [str(one_bad_in_200), "--workers", "1", "--batch-size", "20", "--batches", "10", "--no-storage"]
+    assert main(["doctor", *args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    jsonschema.validate(result, SCHEMA)
+    assert result["throughput"]["images"] == 200 and result["bad_samples"] == 1
+    assert result["bad_examples"][0].startswith("class_0/0042_truncated.jpg: ")
+    assert main(["doctor", *args]) == 0
+    out = capsys.readouterr().out
+    assert "bad samples: 1 (each replaced by the next good one" in out and "0042_truncated.jpg" in out
+
+
+def test_the_storage_test_passes_over_an_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.images import write_image_folder
+
+    root = tmp_path / "images"
+    write_image_folder(root, count=8, classes=2)
+    listing = tmp_path / "list.txt"
+    files = sorted(root.rglob("*.jpg"))
+    listing.write_text("".join(f"{path} 0\n" for path in files) + f"{tmp_path / 'gone.jpg'} 1\n")
+    args = [str(listing), "--workers", "0", "--batch-size", "3", "--batches", "3", "--json"]
+    assert main(["doctor", *args]) == 0
+    result = json.loads(capsys.readouterr().out)
+    reads = result["storage"]["sequential"]["unreadable"] + result["storage"]["random"]["unreadable"]
+    assert reads == 1 and result["storage"]["random"]["files"] + result["storage"]["sequential"]["files"] == 8
+    assert result["bad_samples"] == 1 and "gone.jpg" in result["bad_examples"][0]

@@ -89,3 +89,44 @@ def test_cached_index_is_built_once_by_processes_starting_together(tmp_path: Pat
         thread.join()
     assert len(builds) == 1 and len(results) == 4
     assert all(np.array_equal(index.arrays["a"], np.arange(5)) for index in results)
+
+
+def _with_header(path: Path, header: object, size: int = 4096) -> Path:
+    """An index file whose header is ``header`` (any JSON), padded with zeros to ``size`` bytes."""
+    import json
+    import struct
+
+    from fastloader.formats.index_file import MAGIC
+
+    text = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    data = MAGIC + struct.pack("<Q", len(text)) + text
+    path.write_bytes(data + b"\x00" * max(0, size - len(data)))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"dtype": "<i8", "shape": [2**32, 2**32], "offset": 128}, "runs past the end"),  # 2**64 elements: int64 wraps
+        ({"dtype": "<i8", "shape": [2**62], "offset": 128}, "runs past the end"),
+        ({"dtype": "<i8", "shape": [4], "offset": -64}, "is not a count"),
+        ({"dtype": "<i8", "shape": [-4], "offset": 128}, "is not a count"),
+        ({"dtype": "<i8", "shape": [True], "offset": 128}, "is not a count"),
+        ({"dtype": "<i8", "shape": [1.5], "offset": 128}, "is not a count"),
+        ({"dtype": "|O", "shape": [4], "offset": 128}, "not a plain numeric type"),
+        ({"dtype": "|V8", "shape": [4], "offset": 128}, "not a plain numeric type"),
+        ({"dtype": [["a", "<i4"]], "shape": [4], "offset": 128}, "malformed dtype or shape"),
+        ({"dtype": "<i8", "shape": 4, "offset": 128}, "malformed dtype or shape"),
+        ({"dtype": "no such type", "shape": [4], "offset": 128}, "malformed index header"),
+    ],
+)
+def test_every_header_value_is_checked_before_it_sizes_anything(tmp_path: Path, spec: dict, message: str) -> None:
+    path = _with_header(tmp_path / "i.idx", {"kind": "k", "version": 1, "meta": {}, "arrays": {"a": spec}})
+    with pytest.raises(FormatError, match=message):
+        read_index(path, "k", 1)
+
+
+def test_a_header_nested_deeper_than_the_limit_is_a_format_error(tmp_path: Path) -> None:
+    path = _with_header(tmp_path / "i.idx", b"[" * 100_000 + b"]" * 100_000, size=0)
+    with pytest.raises(FormatError, match="index header: JSON nested deeper than 128 levels"):
+        read_index(path, "k", 1)

@@ -276,3 +276,28 @@ def test_a_field_no_output_can_hold_rejects_only_its_sample(tmp_path: Path, outp
     assert [read_fields(packed, i)["json"] for i in range(len(packed))] == [{"a": i} for i in kept]
     report = verify(dst)
     assert report.ok and report.checked == 119, report.problems
+
+
+def test_json_too_deep_for_one_process_is_refused_by_every_process_alike(tmp_path: Path) -> None:
+    """A JSON member nested 985 deep (within reach of the recursion limit in one process, not in another)
+    and one nested 129 deep are skipped, naming the sample and field, whatever --workers; 128 deep packs."""
+    import tarfile
+
+    shard = tmp_path / "d.tar"
+    depths = {1: 985, 2: 129, 3: 128}
+    with tarfile.open(shard, "w") as tar:
+        for number in range(5):
+            meta = b"[" * depths.get(number, 1) + b"0" + b"]" * depths.get(number, 1)
+            for ext, data in (("jpg", image_bytes(6 * number)), ("json", meta)):
+                info = tarfile.TarInfo(f"s{number}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    summaries = [pack(str(shard), tmp_path / f"w{workers}.lmdb", workers=workers, progress=False) for workers in (0, 1)]
+    for summary in summaries:
+        assert [(item.position, item.key) for item in summary.skipped] == [(1, f"{shard}:s1"), (2, f"{shard}:s2")]
+        assert all("field 'json': JSON nested deeper than 128 levels" in item.reason for item in summary.skipped)
+    assert packed_items(tmp_path / "w0.lmdb") == packed_items(tmp_path / "w1.lmdb")
+    value = LMDBSource(tmp_path / "w1.lmdb").read_field(1, "json")  # position 3, nested 128 deep: packed
+    for _ in range(128):
+        (value,) = value
+    assert value == 0

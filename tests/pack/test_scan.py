@@ -68,3 +68,15 @@ def test_cli_prints_json(folder_with_bad_files: Path, tmp_path: Path) -> None:
     ).stdout
     data = json.loads(out)
     assert data["total"] == 27 and len(data["bad"]) == 3 and data["by_reason"]["undecodable"] == 2
+
+
+def test_a_file_name_holding_a_carriage_return_excludes_only_itself(tmp_path: Path) -> None:
+    """``bad\\r7.jpg`` does not decode: the list read back names its position only, not the good sample 7's."""
+    from fastloader.datasets.error_policy import read_exclusions
+
+    root = tmp_path / "images"
+    write_image_folder(root, count=12, classes=1)
+    (root / "class_0" / "bad\r7.jpg").write_bytes(b"not a jpeg")
+    report = scan(root, report=tmp_path / "bad.tsv", workers=0, progress=False)
+    assert [item.key for item in report.bad] == ["class_0/bad\r7.jpg"]
+    assert read_exclusions(tmp_path / "bad.tsv") == [report.bad[0].position]
