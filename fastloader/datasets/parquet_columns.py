@@ -304,9 +304,6 @@ def _convert(spec: Column, scalar: Any, where: Callable[[], str]) -> Any:
     if how == "npy":
         return decode_value("array", scalar.as_py(), where())
     if how == "json_text":
-        text = scalar.as_py()
-        try:
-            return json.loads(text)
-        except (ValueError, RecursionError):
-            return decode_value("json", text.encode("utf-8"), where())  # raises, naming the field
+        # The field codec's own decode: the same nesting bound in every process, errors naming the field.
+        return decode_value("json", scalar.as_py().encode("utf-8", "surrogatepass"), where())
     return str(scalar.as_py())  # "str": dates, times, decimals

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import tokenize
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -247,6 +248,7 @@ def decode_value(kind: str, data: bytes | memoryview, where: str) -> Any:
             return _decode_npy(bytes(data))
     except FormatError:
         raise
-    except (UnicodeDecodeError, ValueError, EOFError, OSError) as error:
+    # SyntaxError / TokenError: numpy parses a .npy header as a Python literal.
+    except (UnicodeDecodeError, ValueError, EOFError, OSError, SyntaxError, tokenize.TokenError) as error:
         raise FormatError(f"{where}: not a valid {kind} value ({type(error).__name__}: {error})") from None
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")

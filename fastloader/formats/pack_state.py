@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from fastloader.errors import FormatError
+from fastloader.formats import json_text
 from fastloader.formats.bad_samples import BadSample
 
 StateT = TypeVar("StateT", bound="PackState")
@@ -102,7 +103,7 @@ class PackState:
     def read(cls: type[StateT], path: Path) -> StateT:
         """The state in ``path`` (a progress file or a manifest); FormatError naming it when unreadable."""
         try:
-            raw = json.loads(path.read_bytes())
+            raw = json_text.loads(path.read_bytes(), str(path))  # bounded nesting: never a RecursionError
             if raw.get("format") != cls.FORMAT or raw.get("version") not in cls.VERSIONS:
                 raise ValueError(
                     f"format {raw.get('format')!r} v{raw.get('version')}, expected {cls.FORMAT!r} "

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastloader.formats import json_text
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index, walk_members
 from fastloader.remote.s3 import ObjectInfo, S3Store
@@ -80,7 +80,7 @@ def _previous_shards(url: S3Url, store: S3Store, there: dict[str, ObjectInfo]) -
         return None
     raw = store.get(url.child(MANIFEST_NAME))
     try:
-        return {str(shard["name"]) for shard in json.loads(raw)["shards"]}
+        return {str(shard["name"]) for shard in json_text.loads(raw, str(url.child(MANIFEST_NAME)))["shards"]}
     except (ValueError, KeyError, TypeError):
         return set()  # unreadable: nothing it names is deleted by name (content-named leftovers still are)
 

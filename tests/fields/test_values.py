@@ -125,3 +125,15 @@ def test_read_fields_leaves_missing_ones_out() -> None:
     source = SceneSource(missing=(1,))
     assert set(read_fields(source, 0)) == {"json", "score", "seg.png", "txt"}
     assert set(read_fields(source, 1)) == {"json", "score", "seg.png"}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"{'descr': '<i8', 'fortran_order': False, 'shape': (2,", b"{'descr': '<i8', 'shape': (1,2 3)}", b"\x00\x01"],
+)
+def test_an_npy_header_that_is_not_a_literal_is_a_format_error(header: bytes) -> None:
+    """numpy parses a .npy header as a Python literal: a broken one must not escape as SyntaxError / TokenError."""
+    header = header.ljust(118) + b"\n"
+    data = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(16)
+    with pytest.raises(FormatError, match="k: not a valid array value"):
+        decode_value("array", data, "k")

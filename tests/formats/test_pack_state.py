@@ -100,3 +100,12 @@ def test_shards_and_skipped_items_that_account_for_every_position_read(tmp_path:
     state = TarPackState(prefix="x", **{**COMMON, "position": 7, "shards": shards, "skipped": skipped})
     (tmp_path / "state.json").write_bytes(state.to_json())
     assert TarPackState.read(tmp_path / "state.json") == state and state.count == 4
+
+
+def test_a_manifest_nested_too_deep_is_a_format_error_naming_it(tmp_path: Path) -> None:
+    """A manifest is data from elsewhere (a copied pack, an S3 prefix): 100,000 levels of nesting must not
+    escape as a RecursionError."""
+    path = tmp_path / TarPackState.MANIFEST_NAME
+    path.write_text('{"format": "fastloader-tar", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(FormatError, match="nested deeper than"):
+        TarPackState.read(path)
