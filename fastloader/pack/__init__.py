@@ -6,7 +6,9 @@
 
 ``--engine ray`` (``ray_engine.py``, the driver; ``ray_shard.py``, one Ray Data task per shard, running
 the readers' and sinks' own code; ``ray_job.py``, its record of finished shards and the commit) spreads
-the same work over a Ray cluster. ``scan.py`` decodes every item of a source and lists the bad ones; ``verify.py`` checks a finished
+the same work over a Ray cluster.
+
+``scan.py`` decodes every item of a source and lists the bad ones; ``verify.py`` checks a finished
 pack. Byte layouts live in ``fastloader.formats``; none of this runs during training.
 """
 
