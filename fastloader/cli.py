@@ -33,6 +33,9 @@ Resumable: killed at any moment (even SIGKILL), the same command run again conti
 last one stopped, with no image lost or duplicated. Bad images (unreadable, empty, undecodable)
 never stop a pack: they are skipped, counted in the summary and listed in DST.skipped.tsv.
 Check the result with `fastloader verify DST`.
+
+On a Ray cluster: --engine ray [--ray-address auto|HOST:PORT] packs tar shards (default) or Parquet
+files, one Ray Data task per shard; every node must read SRC and write DST at the same paths (or s3://).
 """
 
 
@@ -80,6 +83,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         root=args.root,
         shard_size=args.shard_size,
         commit_every=args.commit_every,
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.format_text())
     return 0
@@ -207,7 +212,7 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     pack.add_argument(
         "--format",
         choices=("lmdb", "tar", "parquet"),
-        help="output format (default: lmdb; tar for an s3:// destination)",
+        help="output format (default: lmdb; tar for an s3:// destination or --engine ray)",
     )
     pack.add_argument(
         "--resize-max-side",
@@ -232,6 +237,18 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     pack.add_argument(
         "--commit-every", type=_positive, default=256, metavar="N", help="images per LMDB transaction (default 256)"
+    )
+    pack.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: reader processes on this machine (default); ray: tasks on a Ray cluster (tar or parquet,"
+        " pip install fastloader[ray])",
+    )
+    pack.add_argument(
+        "--ray-address",
+        metavar="auto|HOST:PORT",
+        help="the Ray cluster of --engine ray (default: RAY_ADDRESS, else a new local one)",
     )
     pack.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     pack.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -114,14 +114,14 @@ def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tup
 
 
 @dataclass
-class _Counts:
+class Counts:
     packed: int = 0
     skipped: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
 
 
-def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
+def hand_over(sink: Sink, item: Prepared, counts: Counts) -> None:
     """Add a prepared item to the sink, or record why it is skipped."""
     reason = item.reason
     if item.data is not None:
@@ -138,22 +138,22 @@ def _hand_over(sink: Sink, item: Prepared, counts: _Counts) -> None:
     counts.skipped += 1
 
 
-def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: str, progress: bool) -> _Counts:
+def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: str, progress: bool) -> Counts:
     from tqdm import tqdm
 
-    counts = _Counts()
+    counts = Counts()
     name = os.path.basename(dst.rstrip(os.sep))
     bar = tqdm(total=total, initial=start, unit="img", desc=f"pack {name}", disable=not progress, file=sys.stderr)
     with bar:
         for item in items:
-            _hand_over(sink, item, counts)
+            hand_over(sink, item, counts)
             if item.data is None:
                 bar.set_postfix(skipped=counts.skipped, refresh=False)
             bar.update(1)
     return counts
 
 
-def _fingerprint(
+def pack_fingerprint(
     source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int, fields: dict[str, str]
 ) -> dict[str, Any]:
     total = len(source)
@@ -233,7 +233,12 @@ def write_report(path: str, skipped: list[BadSample]) -> None:
 
 @dataclass(frozen=True)
 class PackSummary:
-    """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run."""
+    """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run.
+
+    ``engine``: ``local`` or ``ray`` (``fastloader.pack.ray_engine``), which also counts the pack's data
+    files (``shards``, ``shards_now`` written by this run; None for the local engine). A Ray pack's
+    ``resumed_from`` is the number of source items earlier runs packed (its shards finish in any order).
+    """
 
     src: str
     dst: str
@@ -246,6 +251,9 @@ class PackSummary:
     bytes_out: int = 0  # and as written
     elapsed_s: float = 0.0
     report_path: str | None = None
+    engine: str = "local"
+    shards: int | None = None
+    shards_now: int | None = None
 
     @property
     def packed(self) -> int:
@@ -264,12 +272,17 @@ class PackSummary:
         lines = [f"packed {self.packed:,} of {self.total:,} images into {self.dst} ({self.format})"]
         if self.resumed_from == self.total:
             lines.append("  already complete: nothing to do")
+        elif self.resumed_from and self.engine == "ray":
+            lines.append(f"  resumed: {self.resumed_from:,} items were packed by an earlier run")
         elif self.resumed_from:
             lines.append(f"  resumed at item {self.resumed_from:,}")
         lines.append(
             f"  this run: {self.packed_now:,} images in {self.elapsed_s:.1f} s ({self.images_per_s:,.0f} images/s), "
             f"read {mb_in:,.1f} MB, wrote {mb_out:,.1f} MB"
         )
+        if self.shards is not None:
+            now = self.shards_now or 0
+            lines.append(f"  engine {self.engine}: {self.shards:,} shards, {now:,} written by this run")
         if self.skipped:
             lines.append(f"  skipped {len(self.skipped):,} (listed in {self.report_path}):")
             lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]
@@ -280,7 +293,7 @@ class PackSummary:
         return {**asdict(self), **extra}
 
 
-def _check_options(output: str, resize_max_side: int | None, quality: int | None, workers: int | None) -> None:
+def check_options(output: str, resize_max_side: int | None, quality: int | None, workers: int | None) -> None:
     if output not in OUTPUT_FORMATS:
         raise ValueError(f"format must be one of {', '.join(OUTPUT_FORMATS)}, got {output!r}")
     if resize_max_side is not None and (not isinstance(resize_max_side, int) or resize_max_side < 1):
@@ -305,6 +318,8 @@ def pack(
     shard_size: int = 10000,
     commit_every: int = DEFAULT_COMMIT_EVERY,
     map_size: int = DEFAULT_MAP_SIZE,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> PackSummary:
     """Pack ``src`` (a path, or any :class:`~fastloader.datasets.Source`) into ``dst``, resuming a run cut short.
 
@@ -314,8 +329,32 @@ def pack(
     (default: guessed, see ``detect_source_kind()``); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
+
+    ``engine="ray"`` packs on a Ray cluster (``ray_address``: ``auto``, ``HOST:PORT``, or None for
+    ``RAY_ADDRESS`` or a new local Ray) into tar shards (default) or Parquet files: see
+    ``fastloader.pack.ray_engine``.
     """
     dst = os.fspath(dst)
+    if engine == "ray":
+        from fastloader.pack.ray_engine import pack_on_ray
+
+        return pack_on_ray(
+            src,
+            dst,
+            format=format,
+            resize_max_side=resize_max_side,
+            quality=quality,
+            workers=workers,
+            progress=progress,
+            src_format=src_format,
+            root=root,
+            shard_size=shard_size,
+            ray_address=ray_address,
+        )
+    if engine != "local":
+        raise ValueError(f"engine must be local or ray, got {engine!r}")
+    if ray_address is not None:
+        raise ValueError("ray_address is for engine='ray' (pass --engine ray)")
     if is_remote(dst):
         from fastloader.pack.remote import pack_to_remote
 
@@ -332,7 +371,7 @@ def pack(
             shard_size=shard_size,
         )
     format = format or "lmdb"
-    _check_options(format, resize_max_side, quality, workers)
+    check_options(format, resize_max_side, quality, workers)
     options = ReencodeOptions(resize_max_side, quality)
     if isinstance(src, Source):
         source, kind, src_name = src, type(src).__name__, type(src).__name__
@@ -341,7 +380,7 @@ def pack(
         source, kind = open_source(src_name, src_format, root=root)
     workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
     fields = field_kinds(source)
-    fingerprint = _fingerprint(source, kind, format, options, shard_size, fields)
+    fingerprint = pack_fingerprint(source, kind, format, options, shard_size, fields)
     started = time.monotonic()
     with reader_pool(source, options, workers) as pool:
         sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size, fields)

@@ -33,12 +33,14 @@ import hashlib
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fastloader.formats import json_text
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index, walk_members
+from fastloader.remote.retry import RemoteError
 from fastloader.remote.s3 import ObjectInfo, S3Store
 from fastloader.remote.url import S3Url
 from fastloader.storage import cache_dir
@@ -74,7 +76,7 @@ def content_name(name: str, digest: str) -> str:
     return f"{stem}-{digest[:DIGEST_CHARS]}.tar"
 
 
-def _previous_shards(url: S3Url, store: S3Store, there: dict[str, ObjectInfo]) -> set[str] | None:
+def _previous_shards(url: S3Url, store: S3Store, there: Mapping[str, ObjectInfo]) -> set[str] | None:
     """The shard names of the pack published at ``url`` now (None: there is none)."""
     if url.child(MANIFEST_NAME).key not in there:
         return None
@@ -85,13 +87,66 @@ def _previous_shards(url: S3Url, store: S3Store, there: dict[str, ObjectInfo]) -
         return set()  # unreadable: nothing it names is deleted by name (content-named leftovers still are)
 
 
-def _send(path: Path, target: S3Url, there: dict[str, ObjectInfo], store: S3Store, exact_size: bool) -> bool:
-    """Upload ``path`` unless its content-named object is there already; True when sent."""
-    found = there.get(target.key)
+def _send(path: Path, target: S3Url, there: Mapping[str, ObjectInfo] | None, store: S3Store, exact_size: bool) -> bool:
+    """Upload ``path`` unless its content-named object is there already (in the listing ``there``; None:
+    ask the store); True when sent."""
+    found = there.get(target.key) if there is not None else _stat(target, store)
     if found is not None and (not exact_size or found.size == path.stat().st_size):
         return False
     store.upload(str(path), target)
     return True
+
+
+def _stat(target: S3Url, store: S3Store) -> ObjectInfo | None:
+    try:
+        return store.stat(target)
+    except RemoteError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+class Sent(NamedTuple):
+    """A shard uploaded by :func:`upload_shard`: its content name, and whether it and its index were sent."""
+
+    name: str
+    shard_sent: bool
+    index_sent: bool
+
+
+def upload_shard(local: Path, name: str, url: S3Url, store: S3Store, there: Mapping[str, ObjectInfo] | None) -> Sent:
+    """Upload the finished shard ``local`` and its index (built beside it if missing) as shard ``name`` of the
+    pack at ``url``, content-named (see the module docstring); ``there``: the prefix's listing, None to ask."""
+    index = Path(load_shard_index(str(local), local.parent / f"{local.name}{INDEX_SUFFIX}").path)
+    content = content_name(name, content_digest(local))
+    # The index goes after its shard; an index there belongs to this content (same layout), whatever its size.
+    shard_sent = _send(local, url.child(content), there, store, exact_size=True)
+    index_sent = _send(index, url.child(f"{content}{INDEX_SUFFIX}"), there, store, exact_size=False)
+    return Sent(content, shard_sent, index_sent)
+
+
+def published(url: S3Url, store: S3Store) -> tuple[dict[str, ObjectInfo], set[str] | None]:
+    """The objects directly under ``url`` by key, and the shard names of the pack published there (None: none)."""
+    there = {info.key: info for info in store.list(url, recursive=False)}
+    return there, _previous_shards(url, store, there)
+
+
+def mark_upload(url: S3Url, store: S3Store, previous: set[str] | None, marker: bytes) -> None:
+    """Before a first upload (no pack there: ``previous`` is None), the marker readers take for one under way."""
+    if previous is None:
+        store.put(url.child(PROGRESS_NAME), marker)
+
+
+def publish(
+    state: TarPackState, url: S3Url, store: S3Store, there: Mapping[str, ObjectInfo], previous: set[str] | None
+) -> int:
+    """Write the manifest of ``state`` (its shards uploaded, content-named), the commit point; then remove the
+    marker and the shards of earlier packs in ``there`` (see the module docstring). Returns the objects deleted."""
+    store.put(url.child(MANIFEST_NAME), state.to_json())  # the commit point: last
+    marker = url.child(PROGRESS_NAME)
+    if previous is None or marker.key in there:
+        store.delete(marker)
+    return _delete_stale(url, store, there, previous or set(), {shard.name for shard in state.shards}, state.prefix)
 
 
 def upload_pack(directory: str | os.PathLike[str], url: S3Url, store: S3Store) -> dict[str, int]:
@@ -99,36 +154,22 @@ def upload_pack(directory: str | os.PathLike[str], url: S3Url, store: S3Store) -
     previous pack's shards (see the module docstring). Returns what was done."""
     directory = Path(directory)
     state = TarPackState.read_manifest(directory)
-    there = {info.key: info for info in store.list(url, recursive=False)}
-    previous = _previous_shards(url, store, there)
-    marker = url.child(PROGRESS_NAME)
-    if previous is None:
-        store.put(marker, (directory / MANIFEST_NAME).read_bytes())  # readers: "an upload is under way"
+    there, previous = published(url, store)
+    mark_upload(url, store, previous, (directory / MANIFEST_NAME).read_bytes())  # readers: "an upload is under way"
     done = {"shards": 0, "indexes": 0, "skipped": 0, "bytes": 0, "deleted": 0}
     records = []
     for shard in state.shards:
-        local = directory / shard.name
-        index = Path(load_shard_index(str(local), directory / f"{shard.name}{INDEX_SUFFIX}").path)
-        name = content_name(shard.name, content_digest(local))
-        records.append(dataclasses.replace(shard, name=name))
-        # The index goes after its shard; an index there belongs to this content (same layout), whatever its size.
-        if _send(local, url.child(name), there, store, exact_size=True):
-            done["shards"] += 1
-            done["bytes"] += local.stat().st_size
-        else:
-            done["skipped"] += 1
-        if _send(index, url.child(f"{name}{INDEX_SUFFIX}"), there, store, exact_size=False):
-            done["indexes"] += 1
-    published = dataclasses.replace(state, shards=tuple(records))
-    store.put(url.child(MANIFEST_NAME), published.to_json())  # the commit point: last
-    if previous is None or marker.key in there:
-        store.delete(marker)
-    done["deleted"] = _delete_stale(url, store, there, previous or set(), {r.name for r in records}, state.prefix)
+        sent = upload_shard(directory / shard.name, shard.name, url, store, there)
+        records.append(dataclasses.replace(shard, name=sent.name))
+        done["shards" if sent.shard_sent else "skipped"] += 1
+        done["bytes"] += (directory / shard.name).stat().st_size if sent.shard_sent else 0
+        done["indexes"] += sent.index_sent
+    done["deleted"] = publish(dataclasses.replace(state, shards=tuple(records)), url, store, there, previous)
     return done
 
 
 def _delete_stale(
-    url: S3Url, store: S3Store, there: dict[str, ObjectInfo], previous: set[str], current: set[str], prefix: str
+    url: S3Url, store: S3Store, there: Mapping[str, ObjectInfo], previous: set[str], current: set[str], prefix: str
 ) -> int:
     """Delete the shards (and indexes) of earlier packs: named by the previous manifest, or content-named."""
     ours = re.compile(rf"{re.escape(prefix)}-\d+-[0-9a-f]{{{DIGEST_CHARS}}}\.tar")

@@ -24,6 +24,7 @@ its index, is deleted (index first) by the next run.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import tarfile
@@ -110,6 +111,11 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
     that are not a known image format or a field value that is not of its kind; the engine may then
     ``add_skipped`` the same position. ``fields`` (name -> kind) are the fields samples may carry;
     two whose member extensions would be the same (see the module docstring) are a ValueError.
+
+    ``first_sample`` numbers the first sample's members (default 0) and ``created`` fixes the pack's
+    creation time, every member's mtime (default: now): a Ray pack (``fastloader.pack.ray_shard``)
+    writes each shard with a sink of its own, numbered from the shard's first source position, and a
+    retried task writes the same bytes.
     """
 
     SUFFIX = ".tar"
@@ -123,6 +129,8 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
         shard_size: int = 10000,
         prefix: str = "shard",
         fields: Mapping[str, str] | None = None,
+        first_sample: int = 0,
+        created: int | None = None,
     ) -> None:
         if not prefix or "/" in prefix or prefix.startswith("."):
             raise ValueError(f"prefix must be a plain, non-hidden file name prefix, got {prefix!r}")
@@ -131,6 +139,9 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
         except ValueError as error:
             raise ValueError(f"{dst_dir}: {error}") from None
         fresh = TarPackState(fingerprint=fingerprint, prefix=prefix, fields=self._fields)
+        if created is not None:
+            fresh = dataclasses.replace(fresh, created=created)
+        self._first_sample = first_sample
         super().__init__(dst_dir, fresh, prefix=prefix, shard_size=shard_size)
 
     def _delete_unrecorded(self, path: Path) -> None:
@@ -152,7 +163,7 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
 
     def _append(self, sample: _Sample) -> int:
         if self._file is None:
-            self._file = _OpenShard(self.dst_dir, self._next_name(), self._state.count)
+            self._file = _OpenShard(self.dst_dir, self._next_name(), self._first_sample + self._state.count)
         shard = self._file
         name = f"{shard.first_sample + len(shard.source_keys):09d}"
         for extension, value in sample.members:

@@ -110,6 +110,20 @@ def test_round_trip_across_shards_is_webdataset_compatible(tmp_path: Path) -> No
         assert np.array_equal(written.arrays[name], rescan.arrays[name]), name
 
 
+def test_first_sample_and_created_make_a_shard_of_a_larger_pack_the_same_bytes_each_time(tmp_path: Path) -> None:
+    items = inputs(4)
+    for attempt in ("a", "b"):  # a Ray task and its retry (fastloader.pack.ray_shard)
+        sink = TarShardSink(tmp_path / attempt, FINGERPRINT, shard_size=10, first_sample=20, created=1_700_000_000)
+        feed(sink, items, 0, len(items), {1})
+        sink.finish(None, {})
+    shard_a, shard_b = (tmp_path / attempt / "shard-000000.tar" for attempt in ("a", "b"))
+    assert shard_a.read_bytes() == shard_b.read_bytes()
+    with tarfile.open(shard_a) as tar:
+        assert tar.getnames()[::2] == ["000000020.jpg", "000000021.gif", "000000022.bmp"]  # numbered from 20
+        assert {member.mtime for member in tar.getmembers()} == {1_700_000_000}
+    assert TarPackState.read(tmp_path / "a" / MANIFEST_NAME).created == 1_700_000_000
+
+
 def test_resume_after_abandoning_a_sink_mid_shard(tmp_path: Path) -> None:
     items, skip = inputs(14), {1, 7}
     dst = tmp_path / "out"
