@@ -27,9 +27,10 @@ from fastloader.loader.autotune import Auto, Choice, candidates, choose
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import CudaCopier, DeviceLike, on_device, resolve_device
+from fastloader.loader.epoch_progress import Progress
 from fastloader.loader.nested import iter_tensors
 from fastloader.loader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
-from fastloader.loader.resume import Progress, ResumeCursor
+from fastloader.loader.resume import ResumeCursor
 from fastloader.loader.stage_clock import TimedBatch, labelled
 from fastloader.loader.stage_stats import Mark, StageStats
 from fastloader.loader.torch_iter import make_iterator

@@ -105,7 +105,7 @@ def place(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
         received = values["batches_yielded"] > 0 or values["after"]
         if received and (saved is None or (saved["sampler"] is None and saved["iterator"] is None)):
             raise _cannot(loader, indexer)
-        fields["sampler"] = saved
+        fields["sampler"], fields["before"] = saved, values["batches_yielded"]
         return fields
     fields.update(_position(loader, values, position))
     return fields

@@ -8,22 +8,30 @@ the cursor's index sampler), so the loader's own attributes always stay the user
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data.graph_settings
-from torch.utils.data import IterDataPipe, MapDataPipe, _DatasetKind
+from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe, _DatasetKind
 from torch.utils.data.dataloader import (
     _BaseDataLoaderIter,
     _MultiProcessingDataLoaderIter,
     _SingleProcessDataLoaderIter,
 )
 
-from fastloader.loader.resume import EpochIndices
+from fastloader.loader.epoch_progress import EpochIndices, Progress
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
-from fastloader.loader.worker_state import StatefulFetcher, WorkerPlan, WorkerStart, WorkerState, restore_dataset
+from fastloader.loader.worker_state import (
+    StatefulFetcher,
+    WorkerPlan,
+    WorkerStart,
+    WorkerState,
+    restore_dataset,
+    stateful,
+)
 
 if TYPE_CHECKING:
     from fastloader.loader.dataloader import DataLoaderX
@@ -64,24 +72,19 @@ class _ResumingIterator(_MultiProcessingDataLoaderIter):
 
 
 class _ResumingSingleProcess(_SingleProcessDataLoaderIter):
-    """torch's single-process iterator with the stateful fetcher: a loaded state is put back where torchdata's
-    StatefulDataLoader puts it, after the base seed is drawn and before ``iter(dataset)``."""
+    """torch's single-process iterator with the stateful fetcher (``restore_later``: the dataset's state of a
+    resumed position goes back right before the first batch after it is fetched)."""
 
-    def __init__(self, loader: Any, restore: WorkerState | None) -> None:
+    def __init__(self, loader: Any, restore: WorkerState | None, restore_later: bool) -> None:
         _BaseDataLoaderIter.__init__(self, loader)  # torch's __init__ past this point, with our fetcher
         if self._timeout != 0 or self._num_workers != 0:
             raise ValueError("the single-process iterator needs timeout=0 and num_workers=0")
         if isinstance(self._dataset, (IterDataPipe, MapDataPipe)):
             torch.utils.data.graph_settings.apply_sharding(self._dataset, self._world_size, self._rank)
-        # A map-style dataset's state (its random state is this process's) goes back right before its first
-        # batch past the resume point is fetched, after the sampler's draw at the epoch's start: where it was.
-        later = restore is not None and restore.get("batches", 0) > 0 and self._dataset_kind == _DatasetKind.Map
-        if not later:
-            restore_dataset(self._dataset, restore)
         inner = _DatasetKind.create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
         )
-        self._dataset_fetcher = StatefulFetcher(inner, self._dataset, 0, False, restore, restore_later=later)
+        self._dataset_fetcher = StatefulFetcher(inner, self._dataset, 0, False, restore, restore_later=restore_later)
 
 
 def make_iterator(loader: DataLoaderX[Any]) -> Any:
@@ -104,7 +107,20 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     if workers:
         loader.check_worker_number_rationality()
         return _ResumingIterator(view)
+    return _single_process(loader, view, progress)
+
+
+def _single_process(loader: DataLoaderX[Any], view: _TorchView, progress: Progress) -> _ResumingSingleProcess:
+    """With num_workers=0 the dataset is this process's, and so is its random state: a dataset's own state
+    goes back where it was taken, relative to the draws of the epoch's start (torch's base seed, then the
+    sampler's): a state from before the epoch's first batch before them, a later one right before the next
+    batch is fetched (after them)."""
+    plan = progress.plan
+    dataset: Any = loader.dataset
     state = plan.workers.get(0) if plan.loaded is not None else None  # this process's dataset has it already
-    single = _ResumingSingleProcess(view, state)
-    progress.workers.setdefault(0, single._dataset_fetcher.current_state())  # a state before the first batch
-    return single
+    later = state is not None and state.get("batches", 0) > 0 and not isinstance(dataset, IterableDataset)
+    if not later:
+        restore_dataset(dataset, state)
+    if not isinstance(dataset, IterableDataset) and stateful(dataset):
+        progress.workers.setdefault(0, {"batches": 0, "dataset": copy.deepcopy(dataset.state_dict())})
+    return _ResumingSingleProcess(view, state, restore_later=later)

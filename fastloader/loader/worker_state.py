@@ -153,10 +153,6 @@ class StatefulFetcher:
             return data
         return TimedBatch(data, None, delivery)
 
-    def current_state(self) -> dict[str, Any]:
-        """This worker's state now (before its first batch: the state a resume at position 0 restores)."""
-        return self._delivery(None).worker_state()
-
     def _fast_forward(self, index: Any) -> None:
         count, self.skip = self.skip, 0
         log.warning(
@@ -228,7 +224,7 @@ class WorkerStart:
         from torch.utils.data import _DatasetKind
 
         info = get_worker_info()
-        if info is None:
+        if info is None or info.worker_method == "thread":  # a class patched in a thread is the whole process's
             raise RuntimeError("WorkerStart runs in DataLoader worker processes only")
         base = self.plan.base_seed
         if base is not None and base + worker_id != info.seed:
