@@ -123,4 +123,7 @@ def _single_process(loader: DataLoaderX[Any], view: _TorchView, progress: Progre
         restore_dataset(dataset, state)
     if not isinstance(dataset, IterableDataset) and stateful(dataset):
         progress.workers.setdefault(0, {"batches": 0, "dataset": copy.deepcopy(dataset.state_dict())})
-    return _ResumingSingleProcess(view, state, restore_later=later)
+    single = _ResumingSingleProcess(view, state, restore_later=later)
+    if isinstance(dataset, IterableDataset):  # its iterator's state exists from here
+        progress.workers.setdefault(0, single._dataset_fetcher.state_now())
+    return single

@@ -153,6 +153,10 @@ class StatefulFetcher:
             return data
         return TimedBatch(data, None, delivery)
 
+    def state_now(self) -> dict[str, Any]:
+        """This worker's state now (before its first batch: what a state at position 0 restores)."""
+        return self._delivery(None).worker_state()
+
     def _fast_forward(self, index: Any) -> None:
         count, self.skip = self.skip, 0
         log.warning(

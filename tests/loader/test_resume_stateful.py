@@ -161,3 +161,37 @@ def test_snapshot_every_n_steps_is_accepted_and_checked() -> None:
     assert loader.snapshot_every_n_steps == 5 and len(run(loader)) == 4
     with pytest.raises(ValueError, match="snapshot_every_n_steps"):
         DataLoaderX(list(range(8)), snapshot_every_n_steps=-1)
+
+
+class Countdown(IterableDataset[int]):
+    """Its own iterator: where it is lives on the object, so a shared object goes on from where it was."""
+
+    def __init__(self, length: int = 10) -> None:
+        self.length = length
+        self.position = 0
+
+    def __iter__(self) -> Countdown:
+        return self
+
+    def __next__(self) -> int:
+        if self.position >= self.length:
+            raise StopIteration
+        self.position += 1
+        return self.position - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def test_a_dataset_that_is_its_own_iterator_resumes_from_a_state_at_position_zero() -> None:
+    dataset = Countdown()
+    loader = DataLoaderX(dataset, batch_size=2)
+    iterator = iter(loader)
+    state = loader.state_dict()
+    expected = [batch.tolist() for batch in iterator]  # runs the shared object to its end
+    resumed = DataLoaderX(dataset, batch_size=2)
+    resumed.load_state_dict(state)
+    assert run(resumed) == expected == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
