@@ -1,4 +1,5 @@
-"""Run PyTorch's own DataLoader test suite against torch's loader and against DataLoaderX.
+"""Run PyTorch's own DataLoader test suite (or torchdata's StatefulDataLoader suite) against the stock
+loader and against DataLoaderX.
 
 Why this exists: DataLoaderX claims to be a drop-in replacement for ``torch.utils.data.DataLoader``.
 The strongest check of that claim is torch's own ``test/test_dataloader.py`` (not shipped in the torch
@@ -17,6 +18,11 @@ folder with an empty ``pytest.ini``, so this project's pytest settings do not ap
 need ``expecttest`` (``pip install expecttest``, or put a folder holding it on ``PYTHONPATH``).
 
     python scripts/torch_dataloader_suite.py path/to/test_dataloader.py --out result.json
+
+torchdata's suite (``test/stateful_dataloader/test_state_dict.py`` and ``test_sampler.py`` of torchdata 0.11,
+with torchdata and ``parameterized`` importable) runs the same way with ``--name StatefulDataLoader``: the
+``dataloaderx`` copy then has ``from fastloader import DataLoaderX as StatefulDataLoader`` after its imports,
+and the ``stock`` copy runs torchdata's own loader as the control.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REBIND_LINE = "from fastloader import DataLoaderX as DataLoader  # inserted by scripts/torch_dataloader_suite.py\n"
+REBIND_LINE = "from fastloader import DataLoaderX as {name}  # inserted by scripts/torch_dataloader_suite.py\n"
 VARIANTS = ("stock", "dataloaderx")
 
 
@@ -54,21 +60,21 @@ class RunResult:
     messages: dict[str, str] = field(default_factory=dict)  # test id -> first line of the failure
 
 
-def rebind_dataloader(source: str) -> tuple[str, int]:
-    """Return ``source`` with ``DataLoader`` rebound to DataLoaderX after the module's imports, and the
+def rebind_dataloader(source: str, name: str = "DataLoader") -> tuple[str, int]:
+    """Return ``source`` with ``name`` rebound to DataLoaderX after the module's imports, and the
     number of ``torch.utils.data.DataLoader`` attribute call sites the rebinding does not reach.
 
-    Raises ValueError when the module does not import the name ``DataLoader`` at top level or binds it
-    again after its imports (the rebinding would then not be what the tests use).
+    Raises ValueError when the module does not import ``name`` at top level or binds it again after
+    its imports (the rebinding would then not be what the tests use).
     """
     tree = ast.parse(source)
     body = tree.body
     imports_name = any(
-        isinstance(node, ast.ImportFrom) and any((alias.asname or alias.name) == "DataLoader" for alias in node.names)
+        isinstance(node, ast.ImportFrom) and any((alias.asname or alias.name) == name for alias in node.names)
         for node in body
     )
     if not imports_name:
-        raise ValueError("the module does not import DataLoader at top level: nothing to rebind")
+        raise ValueError(f"the module does not import {name} at top level: nothing to rebind")
     # The import block: leading docstring / imports; the rebinding goes right after its last import.
     last_import: ast.stmt | None = None
     for node in body:
@@ -81,11 +87,11 @@ def rebind_dataloader(source: str) -> tuple[str, int]:
     if last_import is None or last_import.end_lineno is None:
         raise ValueError("no import block found")
     for node in body:
-        if node.lineno > last_import.end_lineno and "DataLoader" in _bound_names(node):
-            raise ValueError(f"DataLoader is bound again at line {node.lineno}: the rebinding would not hold")
+        if node.lineno > last_import.end_lineno and name in _bound_names(node):
+            raise ValueError(f"{name} is bound again at line {node.lineno}: the rebinding would not hold")
     lines = source.splitlines(keepends=True)
     cut = last_import.end_lineno
-    rewritten = "".join(lines[:cut]) + REBIND_LINE + "".join(lines[cut:])
+    rewritten = "".join(lines[:cut]) + REBIND_LINE.format(name=name) + "".join(lines[cut:])
     unreached = sum(
         1
         for sub in ast.walk(tree)
@@ -212,7 +218,10 @@ def compare(stock: RunResult, ours: RunResult) -> dict[str, list[dict[str, str]]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("suite", type=Path, help="path of torch's test/test_dataloader.py")
+    parser.add_argument("suite", type=Path, help="path of torch's test/test_dataloader.py (or a torchdata test file)")
+    parser.add_argument(
+        "--name", default="DataLoader", help="the loader name to rebind (StatefulDataLoader: torchdata)"
+    )
     parser.add_argument("--out", type=Path, help="write the summary here as JSON")
     parser.add_argument("--workdir", type=Path, help="where the two copies run (default: SUITE's folder/runs)")
     parser.add_argument("--timeout", type=int, default=120, help="per-test timeout in seconds (default 120)")
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     source = args.suite.read_text()
     ast.parse(source)  # fail early on a truncated copy
-    rebound, unreached = rebind_dataloader(source)
+    rebound, unreached = rebind_dataloader(source, args.name)
     workdir = args.workdir or args.suite.resolve().parent / "runs"
     sources = {"stock": source, "dataloaderx": rebound}
     results: dict[str, RunResult] = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import logging
 import os
 import time
@@ -28,13 +27,16 @@ from fastloader.loader.autotune import Auto, Choice, candidates, choose
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import CudaCopier, DeviceLike, on_device, resolve_device
+from fastloader.loader.epoch_progress import Progress
 from fastloader.loader.nested import iter_tensors
 from fastloader.loader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
-from fastloader.loader.resume import Progress, apply_state, begin, state_of
-from fastloader.loader.stage_clock import StampingSampler, TimedBatch, TimedCollate, labelled
+from fastloader.loader.resume import ResumeCursor
+from fastloader.loader.stage_clock import TimedBatch, labelled
 from fastloader.loader.stage_stats import Mark, StageStats
+from fastloader.loader.torch_iter import make_iterator
 from fastloader.loader.verdict import Setting, judge
-from fastloader.loader.watchdog import StackDir, StackDumpInit, report_stall
+from fastloader.loader.watchdog import StackDir, report_stall
+from fastloader.loader.worker_state import Delivery
 from fastloader.samplers._epoch import check_nonnegative_int
 
 T_co = TypeVar("T_co", covariant=True)
@@ -86,6 +88,10 @@ class DataLoaderX(DataLoader[T_co]):
             still raises as in torch.
         report_every: log the verdict (is training waiting for data, the slowest stage, what to do) on
             the ``fastloader`` logger every N batches; None (default): never. ``stats()`` has it any time.
+        snapshot_every_n_steps: torchdata StatefulDataLoader's argument, accepted for drop-in use (an int
+            >= 0 or None) and otherwise without effect: each worker's state travels with every batch it
+            makes (the dataset's own ``state_dict`` and the worker's random generators, a few KB), so
+            ``state_dict()`` is exact after any batch.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -127,6 +133,7 @@ class DataLoaderX(DataLoader[T_co]):
         seed: int | None = None,
         report_every: int | None = None,
         stall_warning: float | None = 300.0,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
         if isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int) or max_prefetch < 1:
             raise ValueError(f"max_prefetch must be an int >= 1, got {max_prefetch!r}")
@@ -143,6 +150,8 @@ class DataLoaderX(DataLoader[T_co]):
             raise ValueError(f"report_every must be None or an int >= 1, got {report_every!r}")
         if stall_warning is not None and (isinstance(stall_warning, bool) or not stall_warning > 0):
             raise ValueError(f"stall_warning must be None or > 0 seconds, got {stall_warning!r}")
+        if snapshot_every_n_steps is not None:
+            check_nonnegative_int(snapshot_every_n_steps, "snapshot_every_n_steps")
         ours = choose_sampler(
             dataset, shuffle, sampler, batch_sampler, drop_last, distributed, local_rank, seed, generator
         )
@@ -195,18 +204,13 @@ class DataLoaderX(DataLoader[T_co]):
         self.report_every = report_every
         self._autotune: Choice | None = None
         self.stall_warning = stall_warning
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self._stack_dir: StackDir | None = None  # where workers dump their stacks (watchdog), made on demand
         self._stage_stats = StageStats()
         self._report_mark: Mark | None = None  # where the last report_every verdict ended
         self._cpu_meter: Any = None  # a CpuMeter from the first iter(): how busy the cores were
         self._user_batch_sampler = batch_sampler is not None
-        self._epoch = 0  # the epoch of the current (or next) iteration
-        self._epoch_set = False  # set_epoch or load_state_dict since the last iter()
-        self._sampler_epoch_at_iter: int | None = None  # the sampler's own epoch at the last iter()
-        self._skip_batches = 0  # index batches the iteration being created skips (resume by replay)
-        self._started = False
-        self._pending: Progress | None = None  # a loaded state, for the next iter()
-        self._progress: Progress | None = None  # the current iteration
+        self._cursor = ResumeCursor(self)  # the epoch and resume state (fastloader.loader.resume)
         self._normalize_spec = normalize_spec
         self._gpu_decode = gpu_decode
         self._copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
@@ -216,21 +220,8 @@ class DataLoaderX(DataLoader[T_co]):
     def __iter__(self) -> _PrefetchIterator:  # type: ignore[override]
         if isinstance(self.num_workers, Auto) or isinstance(self.prefetch_factor, Auto):
             self._tune()
-        if self._started and not self._epoch_set:
-            external = self._sampler_epoch()
-            if external is not None and external != self._sampler_epoch_at_iter:
-                self._epoch = external  # a framework set the sampler's epoch itself (Lightning does): keep it
-            else:
-                self.set_epoch(self._epoch + 1)
-        self._started, self._epoch_set = True, False
-        progress = self._pending if self._pending is not None else Progress(self._epoch)
-        self._pending, self._progress = None, progress
-        self._sampler_epoch_at_iter = self._sampler_epoch()
-        if self._cpu_meter is None:
-            from fastloader.loader.cpu_use import CpuMeter
-
-            self._cpu_meter = CpuMeter()
-        begin(self, progress)
+        cursor = self._cursor
+        plan = cursor.next_plan()
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent:
             # Torch hands out one shared iterator and resets it here: the previous epoch's producer
@@ -238,24 +229,21 @@ class DataLoaderX(DataLoader[T_co]):
             previous = self._live() if self._live is not None else None
             if previous is not None:
                 previous.close()
-        self._skip_batches = progress.skip
-        # Only while torch's iterator takes them: the timed collate (stage_clock) and the workers'
-        # stack dumps (watchdog); the loader's own attributes stay the user's.
-        collate_fn, init_fn, self._timing = self.collate_fn, self.worker_init_fn, self._stage_clock
-        if self._stage_clock:
-            self.collate_fn = TimedCollate(collate_fn)
-        if self.stall_warning is not None and self.num_workers > 0:
-            if self._stack_dir is None:
-                self._stack_dir = StackDir()
-            self.worker_init_fn = StackDumpInit(self._stack_dir.path, init_fn)
-        try:
-            with on_device(self.device):  # torch's pin-memory thread pins for the current device
-                source = super().__iter__()
-        finally:
-            self._skip_batches, self._timing = 0, False
-            self.collate_fn, self.worker_init_fn = collate_fn, init_fn
+            if self._iterator is not None and not cursor.reuses_workers(plan):
+                self._drop_workers()  # their processes hold another run's state: start them anew
+        fresh = not cursor.reuses_workers(plan)
+        progress = cursor.begin(plan, fresh)
+        if self._cpu_meter is None:
+            from fastloader.loader.cpu_use import CpuMeter
+
+            self._cpu_meter = CpuMeter()
+        if self.stall_warning is not None and self.num_workers > 0 and self._stack_dir is None:
+            self._stack_dir = StackDir()
+        with on_device(self.device):  # torch's pin-memory thread pins for the current device
+            source = super().__iter__()
+        cursor.started_workers(progress, int(getattr(source, "_base_seed", 0)), fresh)
         copier = self._get_copier()
-        self._reseed_flips(_flip_seed(source))
+        self._reseed_flips(_flip_seed(progress.base_seed or 0))
         if self._decoder is not None and self.device.type == "cuda":
             self._decoder.avoid(torch.cuda.current_stream(self.device))  # the training loop's stream
         iterator = _PrefetchIterator(
@@ -274,6 +262,19 @@ class DataLoaderX(DataLoader[T_co]):
         self._live = weakref.ref(iterator)
         return iterator
 
+    def _get_iterator(self) -> Any:
+        return make_iterator(self)  # torch's, from a view of this loader (fastloader.loader.torch_iter)
+
+    def _torch_index_sampler(self) -> Any:
+        return super()._index_sampler
+
+    def _drop_workers(self) -> None:
+        """Shut torch's persistent iterator and its workers down; the next iter() starts new ones."""
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+
     def _tune(self) -> None:
         """Measure ``"auto"`` num_workers / prefetch_factor now (see ``fastloader.loader.autotune``)."""
         from fastloader import world
@@ -282,17 +283,6 @@ class DataLoaderX(DataLoader[T_co]):
         choice = choose(self, counts, prefetch_auto=isinstance(self.prefetch_factor, Auto))
         self.num_workers, self.prefetch_factor = choice.num_workers, choice.prefetch_factor
         self._autotune = choice
-
-    @property
-    def _index_sampler(self) -> Any:
-        # torch's iterator takes its indices from here when it is created; a resumed replay skips the
-        # batches the interrupted run delivered (once: see _SkipFirst)
-        inner = super()._index_sampler
-        if self._skip_batches:
-            inner = _SkipFirst(inner, self._skip_batches)
-        if getattr(self, "_timing", False):  # marks when each fetch starts (see stage_clock)
-            inner = StampingSampler(inner, in_workers=self.num_workers > 0)
-        return inner
 
     def _sampler_epoch(self) -> int | None:
         """The epoch the sampler itself holds (torch's and our samplers have ``epoch``), if any."""
@@ -331,9 +321,7 @@ class DataLoaderX(DataLoader[T_co]):
                 continue
             seen.add(id(target))
             method(epoch)
-        if self._pending is not None and self._pending.epoch != epoch:
-            self._pending = None  # another epoch than the loaded one: start it from the beginning
-        self._epoch, self._epoch_set = epoch, True
+        self._cursor.set_epoch(epoch)
 
     def stats(self) -> dict[str, Any]:
         """Where the loader is and where its time goes.
@@ -348,8 +336,8 @@ class DataLoaderX(DataLoader[T_co]):
         """
         error_stats = getattr(self.dataset, "error_stats", None)
         stats: dict[str, Any] = dict(error_stats()) if callable(error_stats) else {}
-        progress = self._progress
-        stats["epoch"] = self._epoch
+        progress = self._cursor.current
+        stats["epoch"] = self._cursor.epoch
         stats["batches_yielded"] = progress.batches if progress is not None else 0
         stats["num_workers"] = int(self.num_workers)
         stats["autotune"] = self._autotune.to_dict() if self._autotune is not None else None
@@ -374,20 +362,23 @@ class DataLoaderX(DataLoader[T_co]):
             gpu_decode=self._decoder.counts.to_dict() if self._decoder is not None else None,
         )
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the training loop is: plain ints, JSON-serializable (see ``fastloader.loader.resume``)."""
-        progress = self._pending
-        if progress is None:
-            current = self._progress
-            progress = current if current is not None and current.epoch == self._epoch else Progress(self._epoch)
-        return state_of(self, progress)
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is, as plain data (JSON-serializable when the dataset's and sampler's own
+        states are); see ``fastloader.loader.resume`` and ``fastloader.loader.resume_state``."""
+        return self._cursor.state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``'s output; applies to the next ``iter()``. ValueError for a foreign
-        state or a sampler that cannot resume (torch's own: pass ``seed=``)."""
-        progress = apply_state(self, state)
-        self._pending = progress
-        self._epoch, self._epoch_set = progress.epoch, True
+        """Resume from ``state_dict()``'s output; applies to the next ``iter()`` (persistent workers are
+        restarted for it). ValueError for a foreign state or one this loader cannot resume exactly (a
+        ``RandomSampler`` without a generator: use ``shuffle=True``, a generator or ``seed=``)."""
+        self._cursor.load(state)
+        # The iteration in progress is over (torchdata's convention): its producer thread must not go on
+        # fetching (with num_workers=0 its dataset may draw from the random state the load puts back).
+        live = self._live() if self._live is not None else None
+        if live is not None:
+            live.close()
+        if self._iterator is not None:
+            self._drop_workers()
 
     def __getstate__(self) -> dict[str, Any]:
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
@@ -399,6 +390,10 @@ class DataLoaderX(DataLoader[T_co]):
         state["_stack_dir"] = None
         state["_report_mark"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cursor.bind(self)
 
 
 class _PrefetchIterator(Iterator[Any]):
@@ -423,7 +418,7 @@ class _PrefetchIterator(Iterator[Any]):
         context: Callable[[], Any] | None = None,
     ) -> None:
         self._source = source
-        self._progress = progress if progress is not None else Progress(0)
+        self._progress = progress
         self._reported_length = _take_length_check(source)
         self._copier = copier
         self._stats = stats if stats is not None else StageStats()
@@ -446,27 +441,37 @@ class _PrefetchIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
-        try:
-            with labelled("wait"):
-                item = next(self._background)
-        except StopIteration:
-            self._progress.done = True
-            # The producer has handed over its last word; it stops the workers on its own, which
-            # may take torch 5 s for a stuck worker: the training loop does not wait for that.
-            self._background.close(timeout=_QUICK_JOIN_S)
-            raise
-        except BaseException:
-            # An error from a worker / collate / the copy: as with torch's iterator, the next next()
-            # continues the epoch. A traceback kept by the caller must not keep this epoch (its thread
-            # and workers) alive: dropping the iterator stops them.
-            del self
-            raise
+        progress = self._progress
+        while True:
+            try:
+                with labelled("wait"):
+                    item, delivery = next(self._background)
+            except StopIteration:
+                if progress is not None:
+                    progress.done = True
+                # The producer has handed over its last word; it stops the workers on its own, which
+                # may take torch 5 s for a stuck worker: the training loop does not wait for that.
+                self._background.close(timeout=_QUICK_JOIN_S)
+                raise
+            except Exception:
+                # An error from a worker / collate / the copy: as with torch's iterator, the next next()
+                # continues the epoch (with the next batch: this one counts as received). A traceback kept
+                # by the caller must not keep this epoch (its thread and workers) alive: dropping the
+                # iterator stops them.
+                if progress is not None:
+                    progress.failed()
+                del self, progress
+                raise
+            if progress is not None:
+                progress.record(delivery)  # here, in the consumer: the producer thread runs ahead
+            if delivery is None or not delivery.end:
+                break  # (a worker's end of data comes as a batch-less delivery: its state only)
         if self._copier is not None:
             item = self._copier.receive(item)
         self._delivered(item, asked)
-        self._progress.batches += 1  # counted here, in the consumer: the producer thread runs ahead
-        if self._reported_length is not None and self._progress.batches > self._reported_length:
-            _warn_past_length(self._source, self._reported_length, self._progress.batches)
+        count = progress.batches if progress is not None else 0
+        if self._reported_length is not None and count > self._reported_length:
+            _warn_past_length(self._source, self._reported_length, count)
         return item
 
     def _delivered(self, item: Any, asked: float) -> None:
@@ -503,32 +508,16 @@ class _PrefetchIterator(Iterator[Any]):
             pass
 
 
-class _SkipFirst:
-    """An index sampler whose next iteration leaves out its first ``skip`` items (batches of indices).
-
-    ``__iter__`` is a generator, so the skip is spent when that iteration yields its first item: torch's
-    multi-process iterator calls ``iter()`` twice when it starts and uses the second, and with persistent
-    workers it keeps this object for later epochs, which then skip nothing.
-    """
-
-    def __init__(self, inner: Any, skip: int) -> None:
-        self.inner = inner
-        self.skip = skip
-
-    def __iter__(self) -> Iterator[Any]:
-        skip, self.skip = self.skip, 0
-        yield from itertools.islice(iter(self.inner), skip, None)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-
-def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageStats) -> Any:
-    """Producer thread, per batch: unwrap the timed batch, queue its copy to the GPU, record its times."""
-    timing = None
+def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageStats) -> tuple[Any, Delivery | None]:
+    """Producer thread, per batch: unwrap the timed batch, queue its copy to the GPU, record its times;
+    the batch goes on with its worker's state (None when it has none)."""
+    timing = delivery = None
     if isinstance(item, TimedBatch):
-        item, timing = item.batch, item.timing
-        timing.images = _batch_size(item)  # counted as the training loop counts them
+        item, timing, delivery = item.batch, item.timing, item.state
+        if delivery is not None and delivery.end:
+            return None, delivery
+        if timing is not None:
+            timing.images = _batch_size(item)  # counted as the training loop counts them
     if copier is not None:
         start = time.perf_counter()
         with labelled("h2d"):
@@ -537,14 +526,13 @@ def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageSta
             timing.h2d = time.perf_counter() - start
     if timing is not None:
         stats.add_batch(timing)
-    return item
+    return item, delivery
 
 
-def _flip_seed(source: Iterator[Any]) -> int:
-    """This epoch's ``random_flip`` seed: derived from the seed torch's iterator drew for its workers
-    (from ``generator`` or the global generator, once per epoch, as torch's loader does), so no
-    extra draw shifts the training loop's random stream."""
-    base = int(getattr(source, "_base_seed", 0))
+def _flip_seed(base: int) -> int:
+    """This epoch's ``random_flip`` seed: derived from the workers' base seed (torch's iterator draws it
+    from ``generator`` or the global generator, once per epoch, as torch's loader does; a resumed epoch
+    has the interrupted one's), so no extra draw shifts the training loop's random stream."""
     return (base * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63  # another stream than the workers' seeds
 
 
@@ -578,9 +566,14 @@ def _stalled(source: weakref.ref[Any], stacks: StackDir | None, waited: float) -
 
 
 def _batch_size(batch: Any) -> int:
-    """Images in a delivered batch: the leading size of its first tensor (1 for a batch without one)."""
+    """Images in a delivered batch, for the stage clock: the leading size of its first tensor, the length
+    of a list without one, else 1. Never raises: timing must not fail a batch it cannot count (a nested
+    tensor has no sizes; a sparse or custom tensor may refuse what a strided one answers)."""
     for tensor in iter_tensors(batch):
-        return int(tensor.shape[0]) if tensor.dim() > 0 else 1
+        try:
+            return int(tensor.size(0)) if tensor.dim() > 0 else 1
+        except (RuntimeError, TypeError, ValueError, NotImplementedError):
+            return 1
     return len(batch) if isinstance(batch, list) else 1
 
 

@@ -1,273 +1,266 @@
-"""Loader-level resume (``DataLoaderX.state_dict`` / ``load_state_dict``) and the samplers that allow it.
+"""Loader-level resume: one :class:`ResumeCursor` per DataLoaderX holds its epoch state.
 
-The state is plain data (JSON-serializable, no index copies, nothing to unpickle)::
+The cursor is the one home of what ``state_dict()`` saves and ``load_state_dict()`` restores (the format:
+``fastloader.loader.resume_state``). torchdata's StatefulDataLoader contract is the model:
 
-    {"version": 2, "epoch": e, "samples_yielded": n, "batches_yielded": k, "seed": s,
-     "world_size": W, "rank": r, "start": g, "layout": L, "rng": "<base64>" or ""}
-
-``samples_yielded`` / ``batches_yielded`` count what *this rank's training loop received* in this
-iteration (the producer thread and torch's workers run ahead; they are not counted). The position
-reached in the epoch's global order (all ranks together, padded or cut for ``L`` ranks; ``L == W``
-unless this iteration itself resumed at another world size) is ``g + k * batch_size * W``.
-
-Assumption (DDP): ranks advance in lockstep, so when the state is taken every rank has delivered the
-same ``k`` batches and together they consumed the next ``k * batch_size * W`` positions. That is what
-a training loop that saves at step k on every rank (or on rank 0 only) does.
-
-Loading applies to the next ``iter()`` (the torchdata StatefulDataLoader convention): that iteration
-delivers the rest of the epoch, in the order an uninterrupted run would have, whatever ``num_workers``.
-A state taken after the last batch of an epoch names the next epoch at position 0.
-
-Two kinds of sampler resume:
-
-* fastloader's samplers (``seed=``, or a split by ``local_rank`` / ``distributed=True``) start the
-  epoch's order at the position themselves; with another world size the rest of the epoch is re-split
-  over the new ranks (nothing lost, nothing repeated but the padding that keeps ranks equal).
-* torch's samplers are *replayed*: the iteration is rebuilt exactly as it began and its first
-  ``position / (batch_size * W)`` batches of indices are skipped (no sample is loaded for them).
-  That needs what decided the order: for ``shuffle=True`` without a generator, the seed that torch's
-  RandomSampler drew for the epoch (``seed``; see ``TorchRandomSampler``); with a ``generator``, its
-  state when the epoch began (``rng``, base64 of ``Generator.get_state()``; restoring it also replays
-  the workers' base seed); ``SequentialSampler`` and ``DistributedSampler`` (seed + epoch) need
-  nothing more. Same world size only.
+* ``load_state_dict`` applies to the next ``iter()``, which delivers the rest of that epoch in the order an
+  uninterrupted run would have (the same sequence with ``in_order=True``; exactly the batches not yet
+  received with ``in_order=False``), whatever ``num_workers`` for a map-style dataset. Persistent workers
+  that already run are restarted for it (their processes hold the state of the run they made).
+* A state taken after the last batch of an epoch, before the loop saw its end, resumes into that finished
+  epoch (it delivers nothing; the next ``iter()`` is the next epoch); a state taken after the end names the
+  next epoch at its first batch. A state taken before the first batch of an epoch (before or after ``iter()``)
+  fixes that epoch's seeds: loading it gives the very batches the interrupted run had.
+* What the order is made of, per sampler: fastloader's samplers (``seed=``, or the split by ``local_rank`` /
+  ``distributed=True``) start at the position themselves (with another world size the rest of the epoch is
+  re-split over the new ranks; ranks are assumed to advance in lockstep, as DDP makes them); a sampler with
+  its own ``state_dict`` (the Stateful protocol, on the sampler or its iterator) has its state after the last
+  received batch restored; torch's samplers are *replayed*: the epoch's order is rebuilt from what decided it
+  (the seed torch's RandomSampler draws, see ``TorchRandomSampler``; a generator's state when the epoch
+  began; the epoch of a DistributedSampler) and the batches already received are left out, unloaded. A
+  ``RandomSampler`` without a generator that the user passed is refused: nothing records its draw.
+* The workers' side (each worker's dataset / iterator state and random generators, restored in the worker
+  that plays its role): ``fastloader.loader.worker_state``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import copy
 import dataclasses
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils.data as tud
 from torch.utils.data import IterableDataset
 
-from fastloader.samplers import (
-    DistributedSampler,
-    RandomSampler,
-    SequentialSampler,
-    ShardWindowSampler,
-    WeightedRandomSampler,
+from fastloader.loader.epoch_progress import Indexing, Plan, Progress
+from fastloader.loader.resume_samplers import (
+    ordering_generator,
+    place,
+    sampler_size,
+    seed_of,
+    world_of,
 )
-from fastloader.samplers._epoch import check_nonnegative_int
+from fastloader.loader.resume_state import check_state, encode_rng, encode_workers
+from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers.torch_random import TorchRandomSampler
 
-VERSION = 2
-_KEYS_V1 = frozenset(
-    {"version", "epoch", "samples_yielded", "batches_yielded", "seed", "world_size", "rank", "start", "layout"}
-)
-KEYS = _KEYS_V1 | {"rng"}
-_OURS = (RandomSampler, SequentialSampler, WeightedRandomSampler)
-# torch's samplers whose order is decided by their own generator, when they have one
-_GENERATOR_SAMPLERS = (tud.RandomSampler, tud.WeightedRandomSampler, tud.SubsetRandomSampler)
+if TYPE_CHECKING:
+    from fastloader.loader.dataloader import DataLoaderX
 
 
-@dataclasses.dataclass
-class Progress:
-    """Where one iteration of a DataLoaderX started and how many batches its consumer received."""
+class ResumeCursor:
+    """A DataLoaderX's epoch and resume state: the epoch counter, a loaded state waiting for the next
+    ``iter()``, and the progress of the current iteration."""
 
-    epoch: int
-    start: int = 0  # global position at which the iteration started
-    layout: int | None = None  # world size the epoch's global order is laid out for; None: the current one
-    batches: int = 0
-    done: bool = False  # StopIteration reached
-    # Replay of torch's samplers (see the module docstring):
-    skip: int = 0  # batches of indices the iteration skips
-    rng: torch.Tensor | None = None  # the ordering generator's state when the iteration began
-    seed: int | None = None  # the seed TorchRandomSampler uses for this epoch, when it is known up front
+    def __init__(self, loader: DataLoaderX[Any]) -> None:
+        self.bind(loader)
+        self.epoch = 0  # the epoch of the current (or next) iteration
+        self.epoch_set = False  # set_epoch or load_state_dict since the last iter()
+        self.started = False
+        self.sampler_epoch_at_iter: int | None = None  # the sampler's own epoch at the last iter()
+        self.pending: Plan | None = None
+        self.current: Progress | None = None
+        self.workers_base_seed: int | None = None  # of the workers running now
 
+    def bind(self, loader: DataLoaderX[Any]) -> None:
+        # A weak reference: a loader <-> cursor cycle would leave every loader (and its persistent workers'
+        # iterator) to the garbage collector, which may then run torch's __del__ in a forked worker.
+        self._loader = weakref.ref(loader)
 
-def ordering_generator(loader: Any) -> torch.Generator | None:
-    """The generator whose state decides an epoch's order: the sampler's own (torch's random samplers),
-    else the loader's (it also draws the workers' base seed); None when torch's global RNG decides."""
-    sampler = loader.sampler
-    generator = getattr(sampler, "generator", None) if isinstance(sampler, _GENERATOR_SAMPLERS) else None
-    if generator is None:
-        generator = loader.generator
-    return generator if isinstance(generator, torch.Generator) else None
+    @property
+    def loader(self) -> DataLoaderX[Any]:
+        loader = self._loader()
+        if loader is None:
+            raise RuntimeError("the DataLoaderX of this ResumeCursor is gone")
+        return loader
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_loader"]  # DataLoaderX.__setstate__ binds the copy to its loader
+        return state
 
-def begin(loader: Any, progress: Progress) -> None:
-    """At ``iter()``, before torch's iterator exists: record the ordering generator's state, or, when the
-    iteration resumes a replayed one, put back what decided its order."""
-    generator = ordering_generator(loader)
-    if progress.rng is not None and generator is not None:
-        generator.set_state(progress.rng)
-    elif generator is not None:
-        progress.rng = generator.get_state()
-    if progress.seed is not None and isinstance(loader.sampler, TorchRandomSampler):
-        loader.sampler.pin_next_seed(progress.seed)
+    # --- epochs -----------------------------------------------------------------------------------------
 
+    def set_epoch(self, epoch: int) -> None:
+        if self.pending is not None and self.pending.epoch != epoch:
+            self.pending = None  # another epoch than the loaded one: start it from the beginning
+        self.epoch, self.epoch_set = epoch, True
 
-def world_of(sampler: Any) -> tuple[int, int]:
-    if isinstance(sampler, (tud.DistributedSampler, ShardWindowSampler)):
-        return sampler.num_replicas, sampler.rank
-    return 1, 0
+    def next_plan(self) -> Plan:
+        """At ``iter()``: advance the epoch (unless it was set since the last one) and say how the iteration starts."""
+        loader = self.loader
+        if self.started and not self.epoch_set:
+            external = loader._sampler_epoch()
+            if external is not None and external != self.sampler_epoch_at_iter:
+                self.epoch = external  # a framework set the sampler's epoch itself (Lightning does): keep it
+            else:
+                loader.set_epoch(self.epoch + 1)
+        self.started, self.epoch_set = True, False
+        if self.pending is not None:
+            return self.pending
+        current = self.current
+        if current is not None and current.done and current.plan.epoch + 1 == self.epoch:
+            return self._after(current)
+        return Plan(self.epoch)
 
+    def reuses_workers(self, plan: Plan) -> bool:
+        """Whether the iteration runs on the persistent workers already running (they keep their state)."""
+        loader = self.loader
+        running = loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None
+        return running and plan.loaded is None
 
-def _layout_size(sampler: Any, layout: int) -> int:
-    if isinstance(sampler, DistributedSampler):
-        return sampler.layout_size(layout)
-    if isinstance(sampler, tud.DistributedSampler):
-        return sampler.total_size
-    if isinstance(sampler, ShardWindowSampler):
-        return sampler.num_samples * sampler.num_replicas
-    return len(sampler)
-
-
-def _encode(rng: torch.Tensor | None) -> str:
-    return "" if rng is None else base64.b64encode(rng.numpy().tobytes()).decode("ascii")
-
-
-def _decode(text: str) -> torch.Tensor | None:
-    if text == "":
-        return None
-    try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError) as error:
-        raise ValueError(f"state['rng'] is not base64: {error}") from None
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-def _seed_of(loader: Any, progress: Progress) -> int:
-    sampler = loader.sampler
-    if isinstance(sampler, TorchRandomSampler):
-        if progress.seed is not None:
-            return progress.seed
-        return sampler.epoch_seed if sampler.epoch_seed is not None and progress.batches > 0 else 0
-    return int(getattr(sampler, "seed", 0))
-
-
-def state_of(loader: Any, progress: Progress) -> dict[str, Any]:
-    """The loader state after ``progress`` (see the module docstring); never raises."""
-    sampler = loader.sampler
-    world, rank = world_of(sampler)
-    layout = progress.layout or world
-    seed = _seed_of(loader, progress)
-    rng = progress.rng
-    batch = loader.batch_size or 1
-    try:
-        total = _layout_size(sampler, layout)
-    except TypeError:  # a sampler without len(): report what was delivered
-        total = None
-    position = progress.start + progress.batches * batch * world
-    samples = progress.batches * batch
-    if total is not None:
-        position = min(position, total)
-        samples = min(samples, len(sampler))
-        short = loader.drop_last and loader.batch_size is not None and total - position < batch * world
-        if progress.done or position >= total or short:
-            progress = Progress(progress.epoch + 1)
-            position = samples = 0
-            layout = world
-            rng = None
-            if isinstance(sampler, TorchRandomSampler):
-                seed = 0  # the next epoch draws its own
-    if rng is None:  # the next iteration starts where the generator is now
-        generator = ordering_generator(loader)
+    def begin(self, plan: Plan, fresh: bool) -> Progress:
+        """Before torch's iterator exists: put back (or record) what decides the order, fix the seeds."""
+        generator = ordering_generator(self.loader)
+        if plan.rng is not None and generator is not None:
+            generator.set_state(plan.rng)
         rng = generator.get_state() if generator is not None else None
-    return {
-        "version": VERSION,
-        "epoch": progress.epoch,
-        "samples_yielded": samples,
-        "batches_yielded": progress.batches,
-        "seed": seed,
-        "world_size": world,
-        "rank": rank,
-        "start": position if progress.batches == 0 else progress.start,
-        "layout": layout,
-        "rng": _encode(rng),
-    }
+        seed = plan.seed
+        sampler = self.loader.sampler
+        if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
+            if seed is None:
+                seed = self._peek(fresh)[1]
+            if seed is not None:
+                sampler.pin_next_seed(seed)
+        progress = Progress(plan, rng, seed, Indexing.of(self.loader))
+        self.pending, self.current = None, progress
+        self.sampler_epoch_at_iter = self.loader._sampler_epoch()
+        return progress
 
+    def started_workers(self, progress: Progress, base_seed: int, fresh: bool) -> None:
+        """torch's iterator exists: the seed its workers got (a pinned one, or the one torch drew)."""
+        if fresh:
+            self.workers_base_seed = progress.base_seed if progress.base_seed is not None else base_seed
+        progress.base_seed = self.workers_base_seed
 
-def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(state, Mapping):
-        raise ValueError(f"DataLoaderX state must be a mapping, got {type(state).__name__}")
-    version = state.get("version")
-    if version not in (1, VERSION) or isinstance(version, bool):
-        raise ValueError(f"DataLoaderX state version {version!r} is not supported (expected 1 or {VERSION})")
-    expected = _KEYS_V1 if version == 1 else KEYS
-    if set(state) != expected:
-        raise ValueError(f"not a DataLoaderX state: expected the keys {sorted(expected)}, got {sorted(state)}")
-    values: dict[str, Any] = {key: check_nonnegative_int(state[key], f"state[{key!r}]") for key in sorted(_KEYS_V1)}
-    if values["world_size"] < 1 or values["layout"] < 1:
-        raise ValueError("state['world_size'] and state['layout'] must be >= 1")
-    rng = state.get("rng", "")
-    if not isinstance(rng, str):
-        raise ValueError(f"state['rng'] must be a str, got {type(rng).__name__}")
-    values["rng"] = _decode(rng)
-    return values
+    def _peek(self, fresh: bool) -> tuple[int | None, int | None]:
+        """What the next iteration will draw, without drawing it: the workers' base seed (when torch makes a
+        new iterator), then TorchRandomSampler's seed (torch's global generator, when it has none)."""
+        loader = self.loader
+        own = loader.generator
+        state = torch.get_rng_state()
+        own_state = own.get_state() if own is not None else None
+        try:
+            base = int(torch.empty((), dtype=torch.int64).random_(generator=own).item()) if fresh else None
+            sampler = loader.sampler
+            needs_seed = isinstance(sampler, TorchRandomSampler) and sampler.generator is None
+            seed = int(torch.empty((), dtype=torch.int64).random_().item()) if needs_seed else None
+        finally:
+            torch.set_rng_state(state)
+            if own is not None and own_state is not None:
+                own.set_state(own_state)
+        return base, seed
 
+    # --- state_dict / load_state_dict ---------------------------------------------------------------------
 
-def apply_state(loader: Any, state: Mapping[str, Any]) -> Progress:
-    """Make the loader's sampler start the next iteration where ``state`` left off; the starting point."""
-    values = check_state(state)
-    sampler = loader.sampler
-    if getattr(loader, "_user_batch_sampler", False) or isinstance(loader.dataset, IterableDataset):
-        raise ValueError("DataLoaderX.load_state_dict needs a map-style dataset and no batch_sampler")
-    world = values["world_size"]
-    batch = loader.batch_size or 1
-    position = values["start"] + values["batches_yielded"] * batch * world
-    epoch, seed, layout = values["epoch"], values["seed"], values["layout"]
-    if isinstance(sampler, DistributedSampler):
-        position = min(position, sampler.layout_size(layout))
-        if layout == sampler.num_replicas and position % layout == 0:
-            sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": position // layout})
+    def state(self) -> dict[str, Any]:
+        """The state after what the training loop received (see the module docstring); never raises."""
+        pending = self.pending
+        if pending is not None:
+            return copy.deepcopy(pending.loaded) if pending.loaded is not None else self._encode_plan(pending)
+        current = self.current
+        if current is None or current.plan.epoch != self.epoch:
+            plan = Plan(self.epoch)
+        elif current.done:
+            plan = self._after(current)
         else:
-            sampler.resume_at(epoch, seed, position, layout)
-    elif isinstance(sampler, ShardWindowSampler):
-        if layout != sampler.num_replicas:
-            raise ValueError(
-                f"the state comes from {layout} ranks, this ShardWindowSampler splits over {sampler.num_replicas}:"
-                " resume with the same number of ranks"
-            )
-        offset = min(position, _layout_size(sampler, layout)) // layout
-        sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": offset})
-    elif isinstance(sampler, _OURS):
-        if layout != 1:
-            raise ValueError(
-                f"the state comes from {layout} ranks, but this loader is not distributed ({type(sampler).__name__})"
-            )
-        position = min(position, len(sampler))
-        sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": position})
-    else:
-        return _replay(loader, values, position)
-    return Progress(epoch, start=position, layout=layout)
+            return self._encode_progress(current)
+        self.pending = self._pinned(plan)  # the next iteration keeps the seeds this state names
+        return self._encode_plan(self.pending)
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state (applies to the next ``iter()``); ValueError for a foreign or impossible one."""
+        if isinstance(state, Mapping) and len(state) == 0:
+            return  # torchdata's convention: an empty state changes nothing
+        values = check_state(state)
+        plan = Plan(**place(self.loader, values))
+        plan.loaded = copy.deepcopy(dict(state))
+        self.pending = plan
+        self.epoch, self.epoch_set = plan.epoch, True
+
+    def _after(self, progress: Progress) -> Plan:
+        """The next epoch's start: the workers' state goes on only where their processes would have."""
+        loader = self.loader
+        keeps = loader.num_workers == 0 or loader.persistent_workers
+        workers = {}
+        if keeps:
+            workers = {key: {**state, "batches": 0, "iterator": None} for key, state in progress.workers.items()}
+        return Plan(progress.plan.epoch + 1, workers=workers)
+
+    def _pinned(self, plan: Plan) -> Plan:
+        generator = ordering_generator(self.loader)
+        base, seed = self._peek(fresh=not self.reuses_workers(plan))
+        return dataclasses.replace(
+            plan,
+            rng=generator.get_state() if generator is not None else None,
+            seed=seed,
+            base_seed=base if base is not None else self.workers_base_seed,
+        )
+
+    def _encode_plan(self, plan: Plan) -> dict[str, Any]:
+        return self._encode(plan, plan.rng, plan.seed, plan.base_seed, 0, plan.sampler, plan.workers, plan.next_worker)
+
+    def _encode_progress(self, progress: Progress) -> dict[str, Any]:
+        loader = self.loader
+        iterable = isinstance(loader.dataset, IterableDataset)
+        next_worker = progress.plan.next_worker
+        workers: Mapping[int, WorkerState] = progress.workers
+        if loader.num_workers > 0:
+            if loader.in_order and progress.last_worker is not None:
+                next_worker = (progress.last_worker + 1) % int(loader.num_workers)
+            elif not loader.in_order and not iterable:
+                workers, next_worker = {}, 0  # batches went to whichever worker was free: no order to keep
+        if not iterable:  # a map-style dataset's workers need their count for nothing
+            workers = {key: state for key, state in workers.items() if _kept(state)}
+        count = progress.plan.before + (progress.batches if iterable else progress.prefix)
+        sampler_state = progress.sampler_after_prefix()
+        after = sorted(ordinal - progress.prefix for ordinal in progress.received)
+        seeds = (progress.rng, progress.seed, progress.base_seed)
+        return self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after)
+
+    def _encode(
+        self,
+        plan: Plan,
+        rng: torch.Tensor | None,
+        seed: int | None,
+        base_seed: int | None,
+        count: int,
+        sampler_state: dict[str, Any] | None,
+        workers: Mapping[int, WorkerState],
+        next_worker: int,
+        after: list[int] | None = None,
+    ) -> dict[str, Any]:
+        loader = self.loader
+        sampler = loader.sampler
+        world, rank = world_of(sampler)
+        layout = plan.layout or world
+        batch = loader.batch_size or 1
+        total = sampler_size(sampler, layout)
+        position = plan.start + count * batch * world
+        samples = count * batch
+        if total is not None:
+            position = min(position, total)
+            samples = min(samples, len(sampler))  # type: ignore[arg-type]
+        encoded = encode_workers(int(loader.num_workers), next_worker, workers) if workers else None
+        return {
+            "version": 3,
+            "epoch": plan.epoch,
+            "samples_yielded": samples,
+            "batches_yielded": count,
+            "seed": seed_of(loader, seed),
+            "world_size": world,
+            "rank": rank,
+            "start": position if count == 0 else plan.start,
+            "layout": layout,
+            "rng": encode_rng(rng),
+            "base_seed": base_seed,
+            "after": after or [],
+            "sampler": copy.deepcopy(sampler_state),
+            "workers": encoded,
+        }
 
 
-def _replay(loader: Any, values: dict[str, Any], position: int) -> Progress:
-    """The starting point of a torch sampler's iteration rebuilt as it began, its first batches skipped."""
-    sampler = loader.sampler
-    name = f"{type(sampler).__module__}.{type(sampler).__qualname__}"
-    world, _rank = world_of(sampler)
-    if values["layout"] != world:
-        raise ValueError(
-            f"the state comes from {values['layout']} ranks, this loader runs on {world}: {name} cannot re-split an"
-            " epoch (DataLoaderX's own split, with local_rank= or distributed=True, can)"
-        )
-    rng = values["rng"]
-    if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
-        seed = values["seed"] if position > 0 else None  # at position 0 a fresh draw is as good
-    elif isinstance(sampler, _GENERATOR_SAMPLERS):
-        if getattr(sampler, "generator", None) is None:
-            raise ValueError(
-                f"DataLoaderX.load_state_dict cannot resume a {name} without a generator (its order comes from"
-                " torch's global RNG): use shuffle=True on the loader, pass generator= to the sampler, or seed="
-            )
-        seed = None
-    elif isinstance(sampler, (tud.SequentialSampler, tud.DistributedSampler)):
-        seed = None
-    else:
-        raise ValueError(
-            f"DataLoaderX.load_state_dict cannot resume a {name}: pass seed=<int> (or a fastloader.samplers"
-            " sampler) to make the order resumable"
-        )
-    if rng is not None and ordering_generator(loader) is None:
-        rng = None  # a state from a loader with a generator, loaded into one without: nothing to restore
-    if isinstance(sampler, tud.DistributedSampler):
-        sampler.set_epoch(values["epoch"])
-    position = min(position, _layout_size(sampler, world))
-    unit = (loader.batch_size or 1) * world
-    return Progress(values["epoch"], start=position, layout=world, skip=-(-position // unit), rng=rng, seed=seed)
+def _kept(state: WorkerState) -> bool:
+    return any(state.get(key) is not None for key in ("dataset", "iterator", "rng"))

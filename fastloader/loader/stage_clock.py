@@ -49,6 +49,7 @@ class _Tally(threading.local):
 
     def __init__(self) -> None:
         self.fetch_start: float | None = None
+        self.task: int | None = None  # the place of the batch being fetched in its iteration's order (resume)
         self.read = 0.0
         self.decode = 0.0
         self.transform = 0.0
@@ -118,29 +119,32 @@ class BatchTiming:
 
 
 class TimedBatch:
-    """A collated batch travelling with its timing, from the worker to DataLoaderX's producer thread.
+    """A collated batch travelling with its timing (None: not timed) and its worker's state (a
+    ``fastloader.loader.worker_state.Delivery``, or None), from the worker to DataLoaderX's producer thread.
 
     Deliberately neither a sequence nor a mapping: torch's pin-memory thread then calls
     :meth:`pin_memory`, which pins the batch inside (as torch would have) and times it.
     """
 
-    __slots__ = ("batch", "timing")
+    __slots__ = ("batch", "timing", "state")
 
-    def __init__(self, batch: Any, timing: BatchTiming) -> None:
+    def __init__(self, batch: Any, timing: BatchTiming | None, state: Any = None) -> None:
         self.batch = batch
         self.timing = timing
+        self.state = state
 
     def pin_memory(self) -> TimedBatch:
         start = perf_counter()
         with labelled("pin"):
             self.batch = _pin_memory(self.batch)
-        self.timing.pin += perf_counter() - start
+        if self.timing is not None:
+            self.timing.pin += perf_counter() - start
         return self
 
     def __reduce__(self) -> tuple[Callable[..., TimedBatch], tuple[Any, ...]]:
         # Unpickling calls perf_counter() first (the arrival starts), then rebuilds the batch, then
         # _arrived: the difference is the hand-off's cost in the receiving process.
-        return _arrived, (_Now(), self.batch, self.timing)
+        return _arrived, (_Now(), self.batch, self.timing, self.state)
 
 
 class _Now:
@@ -150,47 +154,45 @@ class _Now:
         return perf_counter, ()
 
 
-def _arrived(started: float, batch: Any, timing: BatchTiming) -> TimedBatch:
-    timing.handoff = perf_counter() - started
-    return TimedBatch(batch, timing)
+def _arrived(started: float, batch: Any, timing: BatchTiming | None, state: Any = None) -> TimedBatch:
+    if timing is not None:
+        timing.handoff = perf_counter() - started
+    return TimedBatch(batch, timing, state)
 
 
 class StampedIndices(list[Any]):
-    """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch."""
+    """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
+    (and the batch's place ``task`` in its iteration's order, for resume)."""
 
-    def __reduce__(self) -> tuple[Callable[[list[Any]], list[Any]], tuple[list[Any]]]:
-        return _fetch_begins, (list(self),)
+    task: int | None = None
+
+    def __reduce__(self) -> tuple[Callable[..., list[Any]], tuple[list[Any], int | None]]:
+        return _fetch_begins, (list(self), self.task)
 
 
-def _fetch_begins(indices: list[Any]) -> list[Any]:
+def stamped(indices: list[Any], task: int | None) -> StampedIndices:
+    out = StampedIndices(indices)
+    out.task = task
+    return out
+
+
+def _fetch_begins(indices: list[Any], task: int | None = None) -> list[Any]:
     start = _TALLY
     start.fetch_start = perf_counter()
+    start.task = task
     start.read = start.decode = start.transform = 0.0
     return indices  # a plain list: the dataset sees exactly what torch's sampler made
 
 
-class StampingSampler:
-    """The loader's index sampler, its batches marking when each fetch starts (see :class:`StampedIndices`).
-
-    With worker processes the mark is made by the worker on unpickling; without, the producer thread
-    runs the fetch right after taking the indices from here, so it marks the start itself.
-    """
-
-    def __init__(self, inner: Any, in_workers: bool) -> None:
-        self.inner = inner
-        self.in_workers = in_workers
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.in_workers:
-            for indices in self.inner:
-                yield StampedIndices(indices) if type(indices) is list else indices
-        else:
-            for indices in self.inner:
-                _fetch_begins([])
-                yield indices
-
-    def __len__(self) -> int:
-        return len(self.inner)
+def stamp(indices: Any, task: int | None, in_workers: bool) -> Any:
+    """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
+    ``task`` in the iteration's order): with worker processes the worker marks it on unpickling (see
+    :class:`StampedIndices`); without, the producer thread runs the fetch right after taking the indices,
+    so the mark is made now. Indices that are not a plain list travel as they are (no mark)."""
+    if not in_workers:
+        _fetch_begins([], task)
+        return indices
+    return stamped(indices, task) if type(indices) is list else indices
 
 
 class TimedCollate:

@@ -51,12 +51,23 @@ def test_resume_gives_the_rest_of_the_uninterrupted_run(k: int, workers_before: 
 
     resumed = loader_of(num_workers=workers_after)
     resumed.load_state_dict(state)
-    if k == len(epoch0):
-        assert state["epoch"] == 1 and state["batches_yielded"] == 0
-        assert batches(resumed) == epoch1
-    else:
-        assert batches(resumed) == epoch0[k:]
-        assert batches(resumed) == epoch1  # the next epoch follows, as in the uninterrupted run
+    # After the last batch, before the loop saw the end: the finished epoch resumes with nothing left
+    # (torchdata's StatefulDataLoader does the same), then the next epoch follows.
+    assert state["epoch"] == 0 and state["batches_yielded"] == k
+    assert batches(resumed) == epoch0[k:]
+    assert batches(resumed) == epoch1  # the next epoch follows, as in the uninterrupted run
+
+
+def test_state_after_the_end_of_an_epoch_names_the_next_one() -> None:
+    reference = loader_of()
+    epoch0, epoch1 = batches(reference), batches(reference)
+    loader = loader_of()
+    assert batches(loader) == epoch0  # to the end: StopIteration reached
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_yielded"]) == (1, 0)
+    resumed = loader_of()
+    resumed.load_state_dict(state)
+    assert batches(resumed) == epoch1
 
 
 @pytest.mark.parametrize(
@@ -82,19 +93,25 @@ def test_resume_with_other_samplers(kwargs: dict[str, Any]) -> None:
     assert batches(resumed) == whole[k:]
 
 
-def test_drop_last_boundary_names_the_next_epoch() -> None:
+def test_drop_last_boundary_resumes_into_the_finished_epoch() -> None:
     loader = loader_of(batch_size=7, drop_last=True)  # 50 = 7 * 7 + 1: the last sample is dropped
-    batches(loader, len(loader))
-    assert loader.state_dict()["epoch"] == 1
+    epoch0 = batches(loader, len(loader))
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_yielded"]) == (0, len(loader))
+    resumed = loader_of(batch_size=7, drop_last=True)
+    resumed.load_state_dict(state)
+    assert batches(resumed) == []  # nothing left of epoch 0
+    assert batches(resumed) != epoch0 and len(batches(loader_of(batch_size=7, drop_last=True))) == 7
 
 
 def test_state_is_small_plain_data() -> None:
     loader = loader_of(length=100_000, batch_size=64)
     batches(loader, 3)
     state = loader.state_dict()
-    assert state["rng"] == ""  # a seeded order needs no generator state
-    assert all(type(v) is int for key, v in state.items() if key != "rng")
-    assert len(json.dumps(state)) < 300
+    assert state["rng"] == "" and state["sampler"] is None and state["after"] == []  # a seeded order needs no more
+    assert state["workers"] is None  # no worker processes, a dataset without state of its own
+    assert all(type(state[key]) is int for key in ("epoch", "samples_yielded", "batches_yielded", "seed", "start"))
+    assert len(json.dumps(state)) < 400
     assert state["batches_yielded"] == 3 and state["samples_yielded"] == 192 and state["epoch"] == 0
 
 
@@ -236,11 +253,19 @@ def test_distributed_remaining_indices_resplit_the_rest(old: int, new: int, drop
         assert parts[0].tolist() == layout.epoch_indices(1)[position // old :].tolist()
 
 
-def test_iterable_dataset_state_dict_does_not_raise() -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_resumes_by_fast_forward(workers: int) -> None:
+    """A dataset without a state of its own: each worker makes its first batches again, unsent."""
     from tests.toy_datasets import Counting
 
-    loader = DataLoaderX(Counting(), batch_size=3, distributed=True)
-    batches(loader, 2)
-    assert loader.state_dict()["batches_yielded"] == 2
-    with pytest.raises(ValueError, match="map-style"):
-        loader.load_state_dict(loader.state_dict())
+    whole = batches(DataLoaderX(Counting(), batch_size=3, num_workers=workers))
+    loader = DataLoaderX(Counting(), batch_size=3, num_workers=workers)
+    assert batches(loader, 5) == whole[:5]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["batches_yielded"] == 5
+    resumed = DataLoaderX(Counting(), batch_size=3, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert batches(resumed) == whole[5:]
+    other = DataLoaderX(Counting(), batch_size=3, num_workers=1 if workers else 2)
+    with pytest.raises(ValueError, match="same num_workers"):
+        other.load_state_dict(state)

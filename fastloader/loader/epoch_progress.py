@@ -1,0 +1,164 @@
+"""One iteration of a DataLoaderX, as the resume cursor sees it: how it starts (:class:`Plan`), what its
+training loop has received (:class:`Progress`), and the index sampler torch's iterator takes from it
+(:class:`EpochIndices`). See ``fastloader.loader.resume``."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from fastloader.loader.resume_samplers import snapshot_indexer, stateful_indexer
+from fastloader.loader.stage_clock import stamp
+from fastloader.loader.worker_state import Delivery, WorkerState
+
+if TYPE_CHECKING:
+    from fastloader.loader.dataloader import DataLoaderX
+    from fastloader.loader.resume import ResumeCursor
+
+
+@dataclasses.dataclass
+class Plan:
+    """How an iteration starts: from a loaded state, from the end of the previous epoch, or afresh."""
+
+    epoch: int
+    start: int = 0  # global position at which the sampler's order starts (fastloader's samplers, replay)
+    layout: int | None = None  # world size that order is laid out for; None: the current one
+    skip: int = 0  # replay: batches of the rebuilt order left out
+    before: int = 0  # IterableDataset, Stateful sampler: batches the loop received this epoch before the resume
+    after: frozenset[int] = frozenset()  # batches (from the start) received before, out of order: left out
+    rng: torch.Tensor | None = None  # the ordering generator's state when the epoch began
+    seed: int | None = None  # TorchRandomSampler's seed for the epoch
+    base_seed: int | None = None  # the workers' base seed; None: torch draws it
+    sampler: dict[str, Any] | None = None  # a Stateful sampler's {"sampler", "iterator"} states
+    next_worker: int = 0  # the worker that gets the iteration's first request
+    workers: Mapping[int, WorkerState] = dataclasses.field(default_factory=dict)  # what each worker restores
+    loaded: dict[str, Any] | None = None  # the state as loaded: state_dict() gives it back until iter()
+
+
+@dataclasses.dataclass(frozen=True)
+class Indexing:
+    """What an iteration's index stream is made of, fixed at ``iter()`` (the loader may be gone since)."""
+
+    iterable: bool
+    indexer: Any  # a Stateful sampler or batch sampler; None: the loader's index sampler as it is
+    batch_size: int | None  # batches the indexer's items into lists of this size (None: it yields batches)
+    drop_last: bool
+
+    @classmethod
+    def of(cls, loader: DataLoaderX[Any]) -> Indexing:
+        iterable = isinstance(loader.dataset, IterableDataset)
+        indexer = None if iterable else stateful_indexer(loader)
+        batch_size = None if loader._user_batch_sampler else loader.batch_size
+        return cls(iterable, indexer, batch_size, loader.drop_last)
+
+
+class Progress:
+    """One iteration: what its training loop has received, and the state after it."""
+
+    def __init__(self, plan: Plan, rng: torch.Tensor | None, seed: int | None, indexing: Indexing) -> None:
+        self.plan = plan
+        self.indexing = indexing
+        self.rng, self.seed = rng, seed
+        self.base_seed = plan.base_seed
+        self.batches = 0  # batches the loop received (or that raised) in this iteration
+        self.done = False  # StopIteration reached
+        self.prefix = 0  # the first batches of the order, all received
+        self.received = set(plan.after)  # received beyond the prefix
+        self.workers: dict[int, WorkerState] = dict(plan.workers)
+        self.last_worker: int | None = None
+        self.sampler_state = plan.sampler
+        self._drawn: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
+
+    def drew(self, ordinal: int, state: dict[str, Any]) -> None:
+        """The Stateful sampler's state after its batch ``ordinal`` was drawn (main process, ahead of the loop)."""
+        self._drawn.append((ordinal, state))
+
+    def record(self, delivery: Delivery | None) -> None:
+        """The training loop received a batch (``delivery``: its worker's state; None: not tracked)."""
+        if delivery is not None:
+            self.workers[delivery.worker] = delivery.worker_state()
+            if delivery.end:
+                return
+            self.last_worker = delivery.worker
+        self.batches += 1
+        task = delivery.task if delivery is not None else None
+        self.received.add(task if task is not None else self.prefix)
+        while self.prefix in self.received:
+            self.received.discard(self.prefix)
+            self.prefix += 1
+
+    def failed(self) -> None:
+        """A batch raised instead (torch goes on with the next one): it counts as received."""
+        self.record(None)
+
+    def batches_of(self, inner: Any) -> Iterator[tuple[int | None, Any]]:
+        """The iteration's batches of indices, each with its place in the order (None: IterableDataset)."""
+        indexing = self.indexing
+        if indexing.iterable:
+            for indices in inner:
+                yield None, indices
+            return
+        plan = self.plan
+        if indexing.indexer is None:
+            stream: Iterator[Any] = itertools.islice(iter(inner), plan.skip, None)
+        else:
+            stream = self._stateful_stream(indexing)
+        for ordinal, indices in enumerate(stream):
+            if ordinal not in plan.after:
+                yield ordinal, indices
+
+    def _stateful_stream(self, indexing: Indexing) -> Iterator[Any]:
+        indexer = indexing.indexer
+        saved = self.plan.sampler or {}
+        if saved.get("sampler") is not None:
+            indexer.load_state_dict(saved["sampler"])
+        iterator = iter(indexer)
+        if saved.get("iterator") is not None:
+            iterator.load_state_dict(saved["iterator"])
+        size = indexing.batch_size
+        stream = iterator if size is None else _batched(iterator, size, indexing.drop_last)
+        self.drew(-1, snapshot_indexer(indexer, iterator))
+        for ordinal, indices in enumerate(stream):
+            self.drew(ordinal, snapshot_indexer(indexer, iterator))
+            yield indices
+
+    def sampler_after_prefix(self) -> dict[str, Any] | None:
+        while self._drawn and self._drawn[0][0] < self.prefix:
+            self.sampler_state = self._drawn.popleft()[1]
+        return self.sampler_state
+
+
+class EpochIndices:
+    """The index sampler torch's iterator takes (and keeps, with persistent workers): each iteration of it
+    asks the cursor for the current iteration's batches, stamped with their place in the order."""
+
+    def __init__(self, cursor: ResumeCursor, inner: Any, in_workers: bool) -> None:
+        self.cursor = cursor
+        self.inner = inner
+        self.in_workers = in_workers
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: torch calls iter() twice when its iterator starts and uses the second one.
+        progress = self.cursor.current
+        if progress is None:
+            raise RuntimeError("EpochIndices iterated outside DataLoaderX.__iter__")
+        for ordinal, indices in progress.batches_of(self.inner):
+            yield stamp(indices, ordinal, self.in_workers)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:
+    """torch's BatchSampler over an iterator (the sampler's, whose state is saved)."""
+    while True:
+        batch = list(itertools.islice(indices, size))
+        if not batch or (drop_last and len(batch) < size):
+            return
+        yield batch

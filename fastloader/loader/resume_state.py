@@ -1,0 +1,154 @@
+"""The resume state of a DataLoaderX, as data: what ``state_dict()`` returns and ``load_state_dict()`` reads.
+
+Version 3 (versions 1 and 2, without the last five keys, still load)::
+
+    {"version": 3, "epoch": e, "samples_yielded": n, "batches_yielded": k, "seed": s,
+     "world_size": W, "rank": r, "start": g, "layout": L, "rng": "<base64>" or "",
+     "base_seed": int or None, "after": [ordinals], "sampler": {...} or None,
+     "workers": {"num_workers": N, "next_worker": w, "states": {"0": {...}, ...}} or None}
+
+* ``batches_yielded``: batches this rank's training loop received, in the order of indices without a gap
+  (with ``in_order=False`` the ones it received beyond that are ``after``, counted from there); the
+  position reached in the epoch's global order is ``start + k * batch_size * W`` (``L`` ranks; ``L == W``
+  unless the iteration itself resumed at another world size).
+* ``seed`` / ``rng``: what decides the order (fastloader's samplers' seed; the seed torch's RandomSampler
+  draws for the epoch; the ordering generator's state when the epoch began); ``base_seed``: the seed of
+  the epoch's workers (``torch.utils.data.get_worker_info().seed`` is ``base_seed + worker id``).
+* ``sampler``: a sampler with its own ``state_dict`` (the Stateful protocol): its state and its iterator's
+  after the last batch the loop received.
+* ``workers``: each worker's state after its last batch the loop received (``fastloader.loader.worker_state``):
+  its batch count, its dataset's and iterator's own states, its random generators (base64); ``next_worker``
+  makes the next batch.
+
+Everything is JSON-serializable as long as the states that datasets and samplers return are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fastloader.loader.worker_state import WorkerState
+from fastloader.samplers._epoch import check_nonnegative_int
+
+VERSION = 3
+_KEYS_V1 = frozenset(
+    {"version", "epoch", "samples_yielded", "batches_yielded", "seed", "world_size", "rank", "start", "layout"}
+)
+_KEYS_V2 = _KEYS_V1 | {"rng"}
+KEYS = _KEYS_V2 | {"base_seed", "after", "sampler", "workers"}
+_EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, VERSION: KEYS}
+
+
+def encode_bytes(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_bytes(text: object, name: str) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a base64 str, got {type(text).__name__}")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as error:
+        raise ValueError(f"{name} is not base64: {error}") from None
+
+
+def encode_rng(rng: torch.Tensor | None) -> str:
+    return "" if rng is None else encode_bytes(rng.numpy().tobytes())
+
+
+def decode_rng(text: object) -> torch.Tensor | None:
+    if text == "":
+        return None
+    return torch.frombuffer(bytearray(decode_bytes(text, "state['rng']")), dtype=torch.uint8)
+
+
+def encode_workers(num_workers: int, next_worker: int, states: Mapping[int, WorkerState]) -> dict[str, Any]:
+    encoded = {}
+    for worker, state in sorted(states.items()):
+        rng = state.get("rng")
+        encoded[str(worker)] = {
+            "batches": int(state.get("batches", 0)),
+            "dataset": copy.deepcopy(state.get("dataset")),
+            "iterator": copy.deepcopy(state.get("iterator")),
+            "rng": None if rng is None else _encode_worker_rng(rng),
+        }
+    return {"num_workers": num_workers, "next_worker": next_worker, "states": encoded}
+
+
+def _encode_worker_rng(rng: Any) -> dict[str, Any]:
+    torch_state, words, (keys, pos, has_gauss, cached) = rng
+    return {
+        "torch": encode_bytes(torch_state),
+        "random": encode_bytes(words),
+        "numpy": [encode_bytes(keys), pos, has_gauss, cached],
+    }
+
+
+def decode_workers(workers: object) -> tuple[int, int, dict[int, dict[str, Any]]]:
+    """``(num_workers, next_worker, states)`` of ``state['workers']``; ValueError naming what is wrong."""
+    if not isinstance(workers, Mapping) or set(workers) != {"num_workers", "next_worker", "states"}:
+        raise ValueError("state['workers'] must be None or a mapping of num_workers, next_worker and states")
+    count = check_nonnegative_int(workers["num_workers"], "state['workers']['num_workers']")
+    next_worker = check_nonnegative_int(workers["next_worker"], "state['workers']['next_worker']")
+    states_in = workers["states"]
+    if not isinstance(states_in, Mapping):
+        raise ValueError("state['workers']['states'] must be a mapping")
+    states: dict[int, dict[str, Any]] = {}
+    for key, value in states_in.items():
+        name = f"state['workers']['states'][{key!r}]"
+        if not isinstance(value, Mapping) or set(value) != {"batches", "dataset", "iterator", "rng"}:
+            raise ValueError(f"{name} must have the keys batches, dataset, iterator and rng")
+        worker = check_nonnegative_int(int(key) if isinstance(key, str) and key.isdigit() else key, name)
+        states[worker] = {
+            "batches": check_nonnegative_int(value["batches"], f"{name}['batches']"),
+            "dataset": copy.deepcopy(value["dataset"]),
+            "iterator": copy.deepcopy(value["iterator"]),
+            "rng": None if value["rng"] is None else _decode_worker_rng(value["rng"], name),
+        }
+    return count, next_worker, states
+
+
+def _decode_worker_rng(rng: object, name: str) -> tuple[bytes, bytes, tuple[bytes, int, int, float]]:
+    if not isinstance(rng, Mapping) or set(rng) != {"torch", "random", "numpy"}:
+        raise ValueError(f"{name}['rng'] must have the keys torch, random and numpy")
+    keys, pos, has_gauss, cached = rng["numpy"]
+    return (
+        decode_bytes(rng["torch"], f"{name}['rng']['torch']"),
+        decode_bytes(rng["random"], f"{name}['rng']['random']"),
+        (decode_bytes(keys, f"{name}['rng']['numpy']"), int(pos), int(has_gauss), float(cached)),
+    )
+
+
+def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The state's values, checked (ValueError names the key); versions 1 and 2 get the new keys' defaults."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"DataLoaderX state must be a mapping, got {type(state).__name__}")
+    version = state.get("version")
+    if isinstance(version, bool) or version not in _EXPECTED:
+        raise ValueError(f"DataLoaderX state version {version!r} is not supported (expected 1, 2 or {VERSION})")
+    expected = _EXPECTED[version]
+    if set(state) != expected:
+        raise ValueError(f"not a DataLoaderX state: expected the keys {sorted(expected)}, got {sorted(state)}")
+    values: dict[str, Any] = {key: check_nonnegative_int(state[key], f"state[{key!r}]") for key in sorted(_KEYS_V1)}
+    if values["world_size"] < 1 or values["layout"] < 1:
+        raise ValueError("state['world_size'] and state['layout'] must be >= 1")
+    values["rng"] = decode_rng(state.get("rng", ""))
+    base_seed = state.get("base_seed")
+    values["base_seed"] = None if base_seed is None else int(base_seed)
+    after = state.get("after", [])
+    if not isinstance(after, list):
+        raise ValueError(f"state['after'] must be a list of ints, got {type(after).__name__}")
+    values["after"] = frozenset(check_nonnegative_int(item, "state['after'][...]") for item in after)
+    sampler = state.get("sampler")
+    if sampler is not None and (not isinstance(sampler, Mapping) or set(sampler) != {"sampler", "iterator"}):
+        raise ValueError("state['sampler'] must be None or a mapping of sampler and iterator")
+    values["sampler"] = copy.deepcopy(dict(sampler)) if sampler is not None else None
+    workers = state.get("workers")
+    values["workers"] = None if workers is None else decode_workers(workers)
+    return values

@@ -1,0 +1,250 @@
+"""The workers' side of resume: each worker's state travels with its batches, and a resumed worker starts there.
+
+What a worker's state is (a :class:`Delivery`, made right after each batch, where the batch is made):
+
+* ``batches``: how many batches this worker has made this epoch;
+* ``dataset`` / ``iterator``: the dataset's own ``state_dict()`` and its iterator's, when they implement
+  the Stateful protocol (``state_dict`` and ``load_state_dict``), as torchdata's StatefulDataLoader saves them;
+* ``rng``: the worker process's random generators (torch, ``random``, numpy), so a resumed worker goes on
+  with the same random numbers (never in the main process: its generators are the training loop's).
+
+The training loop's thread records the delivery of each batch it receives (``fastloader.loader.resume``), so
+a state always describes what the loop has, never what the workers ran ahead to. The seam: torch's worker
+loop keeps the dataset's iterator in a fetcher that only exists inside the loop, so in the worker processes
+of a DataLoaderX (they run nothing else) :class:`WorkerStart` has torch's fetcher factory make a
+:class:`StatefulFetcher`; with ``num_workers=0`` the loader wraps its iterator's fetcher itself.
+
+A resumed worker ``i`` starts as worker ``i`` of the interrupted run was: with its seeds (also in
+``get_worker_info().seed``), then its dataset / iterator state and random generators; a worker whose dataset
+keeps no state skips (fetches and drops) the batches it had made: the documented fast-forward. The resumed
+epoch's first request goes to the worker that would have made the next batch (``fastloader.loader.torch_iter``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data._utils.worker as torch_worker
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fastloader.loader.stage_clock import TimedBatch, tally
+
+log = logging.getLogger("fastloader")
+WorkerState = Mapping[str, Any]  # {"batches": int, "dataset": ..., "iterator": ..., "rng": ... (raw)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """One worker's state right after it made a batch (or, with ``end``, after its data ran out)."""
+
+    worker: int  # torch's worker id (0 for the main process)
+    task: int | None  # the batch's place in the iteration's order of indices (map-style datasets)
+    batches: int
+    dataset: Any = None
+    iterator: Any = None
+    rng: tuple[bytes, bytes, tuple[bytes, int, int, float]] | None = None
+    end: bool = False
+
+    def worker_state(self) -> dict[str, Any]:
+        return {"batches": self.batches, "dataset": self.dataset, "iterator": self.iterator, "rng": self.rng}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPlan:
+    """How the workers of one iteration start: plain data, pickled with each worker's init function."""
+
+    base_seed: int | None = None  # the interrupted run's; None: the seeds torch draws
+    workers: Mapping[int, WorkerState] = dataclasses.field(default_factory=dict)  # what each worker restores
+
+
+def stateful(obj: Any) -> bool:
+    """The Stateful protocol (torchdata's): ``state_dict`` and ``load_state_dict``. A torch module's
+    ``state_dict`` is its weights, not a position: never sent with every batch."""
+    if isinstance(obj, torch.nn.Module):
+        return False
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def rng_state() -> tuple[bytes, bytes, tuple[bytes, int, int, float]]:
+    """This process's torch, ``random`` and numpy generators, as bytes and numbers (nothing to unpickle)."""
+    version, words, gauss = random.getstate()
+    if version != 3 or gauss is not None:
+        raise ValueError(f"unexpected random.getstate() layout (version {version})")
+    _name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return (
+        torch.get_rng_state().numpy().tobytes(),
+        np.asarray(words, dtype=np.uint32).tobytes(),
+        (np.asarray(keys, dtype=np.uint32).tobytes(), int(pos), int(has_gauss), float(cached)),
+    )
+
+
+def set_rng_state(state: tuple[bytes, bytes, tuple[bytes, int, int, float]]) -> None:
+    torch_state, words, (keys, pos, has_gauss, cached) = state
+    torch.set_rng_state(torch.frombuffer(bytearray(torch_state), dtype=torch.uint8))
+    random.setstate((3, tuple(int(w) for w in np.frombuffer(words, dtype=np.uint32)), None))
+    np.random.set_state(("MT19937", np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
+
+
+class StatefulFetcher:
+    """torch's fetcher for one worker (or the main process), its batches sent with the worker's state.
+
+    With an IterableDataset the end of the worker's data is sent once as a batch-less delivery (torch's own
+    end signal carries nothing), so a state taken after it knows where the dataset stopped.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        dataset: Any,
+        worker: int,
+        in_worker: bool,
+        restore: WorkerState | None,
+        restore_later: bool = False,
+    ) -> None:
+        self.inner = inner
+        self.later = restore if restore_later else None  # the dataset's state, put back at the first fetch
+        self.dataset = dataset
+        self.worker = worker
+        self.in_worker = in_worker
+        self.iterable = isinstance(dataset, IterableDataset)
+        self.batches = 0
+        self.skip = 0
+        self.end_sent = False
+        if restore is not None:
+            self._restore(restore)
+
+    def _restore(self, restore: WorkerState) -> None:
+        iterator = getattr(self.inner, "dataset_iter", None)
+        if restore.get("iterator") is not None and iterator is not None and stateful(iterator):
+            iterator.load_state_dict(restore["iterator"])
+        self.batches = int(restore.get("batches", 0))
+        kept = restore.get("iterator") is not None or restore.get("dataset") is not None
+        if self.iterable and not kept and self.batches > 0:
+            self.skip = self.batches  # nothing says where the dataset was: make its batches again, unsent
+        elif restore.get("rng") is not None and self.in_worker:
+            set_rng_state(restore["rng"])
+
+    def fetch(self, index: Any) -> Any:
+        if self.later is not None:
+            restore_dataset(self.dataset, self.later)
+            self.later = None
+        if self.skip:
+            self._fast_forward(index)
+        try:
+            data = self.inner.fetch(index)
+        except StopIteration:
+            if not self.iterable or self.end_sent:
+                raise
+            self.end_sent = True
+            return TimedBatch(None, None, dataclasses.replace(self._delivery(None), end=True))
+        self.batches += 1
+        counted = tally()
+        delivery = self._delivery(counted.task)
+        counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
+        if isinstance(data, TimedBatch):
+            data.state = delivery
+            return data
+        return TimedBatch(data, None, delivery)
+
+    def state_now(self) -> dict[str, Any]:
+        """This worker's state now (before its first batch: what a state at position 0 restores)."""
+        return self._delivery(None).worker_state()
+
+    def _fast_forward(self, index: Any) -> None:
+        count, self.skip = self.skip, 0
+        log.warning(
+            "%s keeps no state (no state_dict / load_state_dict on it or its iterator): worker %d makes its"
+            " first %d batches again to resume after them",
+            type(self.dataset).__name__,
+            self.worker,
+            count,
+        )
+        for _ in range(count):
+            try:
+                self.inner.fetch(index)
+            except StopIteration:
+                return
+
+    def _delivery(self, task: int | None) -> Delivery:
+        iterator = getattr(self.inner, "dataset_iter", None)
+        own = iterator is None or iterator is not self.dataset
+        return Delivery(
+            worker=self.worker,
+            task=task,
+            batches=self.batches,
+            # Copied now: the dataset goes on changing what its state_dict returned before the batch is sent.
+            dataset=copy.deepcopy(self.dataset.state_dict()) if own and stateful(self.dataset) else None,
+            iterator=copy.deepcopy(iterator.state_dict()) if iterator is not None and stateful(iterator) else None,
+            rng=rng_state() if self.in_worker else None,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+def restore_dataset(dataset: Any, restore: WorkerState | None) -> None:
+    """Load a worker's dataset state: before torch's fetcher calls ``iter(dataset)`` (torchdata's order)."""
+    if restore is not None and restore.get("dataset") is not None and stateful(dataset):
+        dataset.load_state_dict(restore["dataset"])
+
+
+class _Agent:
+    """This worker's stateful fetcher factory (one per worker process)."""
+
+    def __init__(self, dataset: Any, worker: int, restore: WorkerState | None, original: Callable[..., Any]) -> None:
+        self.dataset = dataset
+        self.worker = worker
+        self.restore = restore
+        self.original = original
+
+    def create_fetcher(self, kind: Any, dataset: Any, auto_collation: bool, collate_fn: Any, drop_last: bool) -> Any:
+        if dataset is not self.dataset:  # a loader the dataset itself runs in this worker: torch's
+            return self.original(kind, dataset, auto_collation, collate_fn, drop_last)
+        restore, self.restore = self.restore, None  # the first epoch of this worker only
+        restore_dataset(dataset, restore)
+        inner = self.original(kind, dataset, auto_collation, collate_fn, drop_last)
+        return StatefulFetcher(inner, dataset, self.worker, in_worker=True, restore=restore)
+
+
+class WorkerStart:
+    """The worker_init_fn torch's workers get: the seeds of a resumed worker, the stateful fetcher, then
+    ``inner`` (the user's worker_init_fn, or the watchdog's wrapper of it)."""
+
+    def __init__(self, plan: WorkerPlan, inner: Callable[[int], None] | None) -> None:
+        self.plan = plan
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        from torch.utils.data import _DatasetKind
+
+        info = get_worker_info()
+        if info is None or info.worker_method == "thread":  # a class patched in a thread is the whole process's
+            raise RuntimeError("WorkerStart runs in DataLoader worker processes only")
+        base = self.plan.base_seed
+        if base is not None and base + worker_id != info.seed:
+            _seed_like_torch(base, worker_id)
+            torch_worker._worker_info = dataclasses.replace(info, seed=base + worker_id)
+        agent = _Agent(info.dataset, worker_id, self.plan.workers.get(worker_id), _DatasetKind.create_fetcher)
+        # This process is one of this loader's workers: torch's worker loop makes its fetcher right after
+        # this function returns (and again each epoch with persistent workers).
+        _DatasetKind.create_fetcher = staticmethod(agent.create_fetcher)  # type: ignore[method-assign]
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _seed_like_torch(base_seed: int, worker_id: int) -> None:
+    """Seed this worker's generators exactly as torch's worker loop does for ``base_seed`` and ``worker_id``."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(torch_worker._generate_state(base_seed, worker_id))
