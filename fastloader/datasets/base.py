@@ -51,7 +51,7 @@ from fastloader.image.batching import EncodedImage, FieldBatch, PrecollatedBatch
 from fastloader.image.decode import check_pixels, decode_plan, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
-from fastloader.loader.stage_clock import timed
+from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")

@@ -53,8 +53,8 @@ from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
-from fastloader.loader.stage_clock import timed
 from fastloader.storage import check_regular_file, read_regular_file
+from fastloader.timing import timed
 
 PathLike = str | os.PathLike[str]
 
