@@ -49,9 +49,8 @@ from fastloader.datasets.folder_index import (
     parse_file_list,
     scan_folder,
 )
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
 from fastloader.storage import check_regular_file, read_regular_file
 from fastloader.timing import timed

@@ -40,7 +40,7 @@ Columns:
   bytes (a second Hugging Face image -> image), string -> text, integers and bool -> int, floats ->
   float, lists of numbers -> array (1-D, of the list's value type), structs, maps and other lists ->
   json, dates / times / decimals -> text (``str`` of the value). Columns of other types (null,
-  union) are not fields. A null is a :class:`~fastloader.fields.values.MissingField` naming the key
+  union) are not fields. A null is a :class:`~fastloader.errors.MissingField` naming the key
   and column. Files written by ``fastloader pack --format parquet`` say in their schema metadata
   what each column holds (``fastloader.formats.parquet_pack``), which wins: names, kinds and values
   read back exactly as packed.
@@ -58,9 +58,8 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
 from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
 
@@ -220,7 +219,7 @@ class _OpenFiles:
 
 
 class ParquetSource:
-    """A :class:`~fastloader.datasets.base.Source` and :class:`~fastloader.fields.values.FieldSource`
+    """A :class:`~fastloader.datasets.base.Source` and :class:`~fastloader.fields.source.FieldSource`
     over Parquet files (see the module docstring for the columns and the costs).
 
     ``pattern``: a file, a directory (its sorted ``*.parquet``, or a ``fastloader pack --format

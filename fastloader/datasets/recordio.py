@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,

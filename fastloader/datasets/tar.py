@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField, decode_value, kind_of_extension
+from fastloader.formats.field_values import decode_value, kind_of_extension
 from fastloader.formats.index_file import (
     IndexFile,
     cached_index,
@@ -263,7 +263,7 @@ class CatalogSource:
     A subclass sets ``shards`` (their names, for keys) and ``image_exts``, and calls :meth:`_attach`
     with the catalog, how to find each shard's local file, and the fields a pack's manifest records.
 
-    Fields (:class:`~fastloader.fields.values.FieldSource`): see the module docstring; a pack's
+    Fields (:class:`~fastloader.fields.source.FieldSource`): see the module docstring; a pack's
     recorded names and kinds win over the extensions' (the members of field ``image/xmin`` are
     ``*.image%2fxmin.npy``).
     """

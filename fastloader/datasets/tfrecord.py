@@ -17,7 +17,7 @@ exactly those features as those kinds instead: ``bytes``/``image`` (the one valu
 (a numeric list) or ``json`` (any list as a JSON list; a bytes list's values as UTF-8 strings).
 
 A record whose feature lacks a value (an empty list where one value is wanted, or no list set)
-lacks the field (:class:`~fastloader.fields.values.MissingField`). A list of several values where
+lacks the field (:class:`~fastloader.errors.MissingField`). A list of several values where
 one is wanted is a FormatError naming the record and feature: a list of bytes is no field kind,
 so a multi-valued bytes feature (``image/object/class/text`` of a detection dataset) is read as
 ``json`` (``field_kinds=...``) or not at all.
@@ -39,9 +39,9 @@ from typing import Any, cast
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField, check_kind
+from fastloader.formats.field_values import check_kind
 from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.protobuf import Feature, parse_example
@@ -86,7 +86,7 @@ class _OpenShards:
 
 class TFRecordSource:
     """A :class:`~fastloader.datasets.base.Source` over TFRecord shards, and a
-    :class:`~fastloader.fields.values.FieldSource` of their other features (see the module docstring).
+    :class:`~fastloader.fields.source.FieldSource` of their other features (see the module docstring).
 
     ``pattern``: a path, ``train-{00000..01023}.tfrecord``, ``train-*.tfrecord`` or a list.
     ``index_paths``: where each shard's index lives (default: beside it, or in the cache directory).

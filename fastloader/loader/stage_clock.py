@@ -3,7 +3,7 @@
 A batch crosses three places, and each records its own stages:
 
 * **the worker** (or the producer thread with ``num_workers=0``): the dataset adds ``read``, ``decode``
-  and ``transform`` seconds to this thread's tally as it works (:mod:`fastloader.timing`, the worker
+  and ``transform`` seconds to this thread's tally as it works (``fastloader.timing``, the worker
   half of the clock, which the datasets import; any other dataset's time shows as ``dataset``);
   :class:`TimedCollate` wraps the loader's collate_fn, times ``collate`` and ships the batch with its
   :class:`BatchTiming` in a :class:`TimedBatch`. The fetch starts when the worker unpickles its

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds
+from fastloader.fields.source import field_kinds
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink

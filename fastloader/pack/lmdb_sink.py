@@ -42,9 +42,9 @@ import lmdb
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_kind, encode_value
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.bad_samples import BadSample
+from fastloader.formats.field_values import check_kind, encode_value
 from fastloader.pack.sink import normalize_fingerprint
 
 DEFAULT_MAP_SIZE = 1 << 30

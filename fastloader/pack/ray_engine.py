@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds
+from fastloader.fields.source import field_kinds
 from fastloader.formats.pack_state import PackState
 from fastloader.formats.tar_manifest import TarPackState
 from fastloader.pack.engine import PackSummary, check_options, open_source, pack_fingerprint, report_path, write_report

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds, read_fields
+from fastloader.fields.source import field_kinds, read_fields
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -92,7 +92,7 @@ def prepare_item(
     source: Source, position: int, options: ReencodeOptions, kinds: dict[str, str] | None = None
 ) -> Prepared:
     """Read, check and re-encode the item at ``position`` (and read its fields of ``kinds``, the
-    source's :func:`~fastloader.fields.values.field_kinds`); any failure becomes a skip reason."""
+    source's :func:`~fastloader.fields.source.field_kinds`); any failure becomes a skip reason."""
     key = f"#{position}"
     # Errors are caught broadly on purpose: sources and PIL's plugins raise many exception types
     # for bad files, and one bad file must never abort a pack of many hours.

@@ -37,10 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from fastloader.errors import RemoteError
 from fastloader.formats import json_text
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index, walk_members
-from fastloader.remote.retry import RemoteError
 from fastloader.remote.s3 import ObjectInfo, S3Store
 from fastloader.remote.url import S3Url
 from fastloader.storage import cache_dir

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from fastloader.remote.retry import ObjectChanged, RemoteError, RetryPolicy, TruncatedBody, with_retries
+from fastloader.errors import ObjectChanged, RemoteError, TruncatedBody
+from fastloader.remote.retry import RetryPolicy, with_retries
 from fastloader.remote.url import S3Url
 
 CHUNK_BYTES = 1 << 20  # a download's reads and writes

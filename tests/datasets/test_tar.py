@@ -20,8 +20,8 @@ import fastloader.datasets.tar as tar_module
 import fastloader.formats.tar_shards as tar_shards
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.tar import TarShardDataset, TarShardSource
-from fastloader.errors import DecodeError, FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import DecodeError, FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.index_file import read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION

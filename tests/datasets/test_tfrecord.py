@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 import fastloader.datasets.tfrecord as tfrecord_dataset
 from fastloader.datasets.base import Source, decode_pil
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import FieldSource, MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import FieldSource, read_fields
 from fastloader.formats.protobuf import Feature, bytes_feature, encode_example, float_feature, int64_feature
 from fastloader.formats.tfrecord import TFRecordWriter
 

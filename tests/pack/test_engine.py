@@ -257,7 +257,7 @@ def write_webdataset(path: Path, count: int, bad: int) -> None:
 @pytest.mark.parametrize("shard_size", [50, 1000])
 @pytest.mark.parametrize("output", ["lmdb", "tar", "parquet"])
 def test_a_field_no_output_can_hold_rejects_only_its_sample(tmp_path: Path, output: str, shard_size: int) -> None:
-    from fastloader.fields.values import read_fields
+    from fastloader.fields.source import read_fields
     from fastloader.pack.engine import open_source
     from tests.images import pack_contents
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.fields.values import MissingField, field_kinds
+from fastloader.errors import MissingField
+from fastloader.fields.source import field_kinds
 from fastloader.pack.engine import open_source, pack
 from fastloader.pack.verify import verify
 from tests.field_items import FIELDS, FieldItems, assert_same_value, field_values

@@ -20,8 +20,8 @@ from PIL import Image
 
 from fastloader.cli import main
 from fastloader.datasets.parquet import ParquetDataset, ParquetSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.parquet_pack import MANIFEST_NAME, PROGRESS_NAME, ParquetPackState
 from fastloader.pack import pack, verify
 from fastloader.pack.engine import detect_source_kind

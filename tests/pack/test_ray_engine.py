@@ -20,8 +20,7 @@ import pytest
 from fastloader import DataLoaderX
 from fastloader.datasets import TarShardDataset
 from fastloader.datasets.folder import FolderSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField
+from fastloader.errors import FormatError, MissingField
 from fastloader.pack import pack, verify
 from fastloader.pack.engine import open_source, report_path
 from fastloader.pack.ray_job import JOB_DIR

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import read_fields
+from fastloader.fields.source import read_fields
 from fastloader.pack import shard_sink
 from fastloader.pack.engine import open_source
 from fastloader.pack.parquet_sink import ParquetSink

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fastloader.datasets import TarShardDataset
-from fastloader.remote.retry import ObjectChanged, RetryPolicy
+from fastloader.errors import ObjectChanged
+from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
 from tests.remote import fault_proxy as faults

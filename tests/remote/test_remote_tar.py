@@ -13,11 +13,11 @@ import pytest
 from fastloader import DataLoaderX
 from fastloader.datasets import ImageDataset, TarShardDataset
 from fastloader.datasets.remote_tar import RemoteTarShardSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import FormatError, MissingField, RemoteError
+from fastloader.fields.source import read_fields
 from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.pack import pack
-from fastloader.remote.retry import RemoteError, RetryPolicy
+from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.sample import make_sample_folder
 from fastloader.samplers import ShardWindowSampler
