@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import os
 import sys
 import time
@@ -44,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastloader.datasets.base import Source
+from fastloader.datasets.sources import open_source
 from fastloader.fields.source import field_kinds
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
@@ -55,62 +55,6 @@ from fastloader.world import usable_cpus
 
 OUTPUT_FORMATS = ("lmdb", "tar", "parquet")
 _KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
-
-
-def detect_source_kind(src: str) -> str:
-    """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
-    if os.path.isdir(src):
-        from fastloader.formats.parquet_pack import ParquetPackState
-        from fastloader.formats.tar_manifest import MANIFEST_NAME
-
-        if os.path.exists(os.path.join(src, "data.mdb")):
-            return "lmdb"
-        if os.path.exists(os.path.join(src, MANIFEST_NAME)):
-            return "tar"
-        if ParquetPackState.found_in(src) or any(name.endswith(".parquet") for name in os.listdir(src)):
-            return "parquet"
-        return "folder"
-    name = os.path.basename(src).lower()
-    if name.endswith((".txt", ".csv", ".lst", ".tsv")):
-        return "list"
-    if name.endswith(".rec"):
-        return "recordio"
-    if ".tfrecord" in name or name.endswith(".tfrec"):
-        return "tfrecord"
-    if name.endswith(".tar"):
-        return "tar"
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".mdb", ".lmdb")):
-        return "lmdb"
-    raise ValueError(
-        f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
-        "a .tfrecord pattern, a .tar pattern, .parquet files or a fastloader LMDB (or pass src_format)"
-    )
-
-
-# Where each source kind lives: imported when used (their modules need nothing until then).
-_SOURCE_CLASSES = {
-    "folder": ("fastloader.datasets.folder", "FolderSource"),
-    "list": ("fastloader.datasets.folder", "FileListSource"),
-    "recordio": ("fastloader.datasets.recordio", "RecordIOSource"),
-    "tfrecord": ("fastloader.datasets.tfrecord", "TFRecordSource"),
-    "tar": ("fastloader.datasets.tar", "TarShardSource"),
-    "lmdb": ("fastloader.datasets.lmdb", "LMDBSource"),
-    "parquet": ("fastloader.datasets.parquet", "ParquetSource"),
-}
-SOURCE_KINDS = tuple(_SOURCE_CLASSES)
-
-
-def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
-    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`)."""
-    kind = detect_source_kind(src) if kind == "auto" else kind
-    if kind not in _SOURCE_CLASSES:
-        raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-    module, name = _SOURCE_CLASSES[kind]
-    source_class = getattr(importlib.import_module(module), name)
-    source: Source = source_class(src, root) if kind == "list" else source_class(src)
-    return source, kind
 
 
 @dataclass
@@ -326,7 +270,7 @@ def pack(
     ``format``: ``lmdb`` (default), ``tar`` or ``parquet`` (files of ``shard_size`` items); ``dst`` may be an
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
-    (default: guessed, see ``detect_source_kind()``); ``root``: the base of a file list's
+    (default: guessed, see :func:`fastloader.datasets.sources.detect_source_kind`); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
 

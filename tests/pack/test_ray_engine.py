@@ -20,9 +20,10 @@ import pytest
 from fastloader import DataLoaderX
 from fastloader.datasets import TarShardDataset
 from fastloader.datasets.folder import FolderSource
+from fastloader.datasets.sources import open_source
 from fastloader.errors import FormatError, MissingField
 from fastloader.pack import pack, verify
-from fastloader.pack.engine import open_source, report_path
+from fastloader.pack.engine import report_path
 from fastloader.pack.ray_job import JOB_DIR
 from tests.field_items import FieldItems, assert_same_value
 from tests.helpers import ROOT, wait_until
