@@ -44,10 +44,11 @@ from torch.utils.data import Dataset
 
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
 from fastloader.errors import DecodeError
+from fastloader.fields.batch import FieldBatch
 from fastloader.fields.reader import FieldReader, to_tv_tensors
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
-from fastloader.image.batching import EncodedImage, FieldBatch, PrecollatedBatch, allocate_batch
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.image.decode import check_pixels, decode_plan, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
