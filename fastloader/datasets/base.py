@@ -27,7 +27,7 @@ that order) or ``fields={"image": "jpg", "caption": "txt"}`` (items are dicts); 
 
 Sources must hold no per-sample Python objects (at 10M samples each worker's refcount writes
 would copy-on-write them into GBs): keep indexes in numpy arrays, ideally memory-mapped, and open
-files / environments lazily in each process (see ``ProcessLocal``).
+files / environments lazily in each process (see ``fastloader.datasets.handles``).
 """
 
 from __future__ import annotations
@@ -472,30 +472,6 @@ def _canvas(image: Any) -> tuple[int, int]:
     if size is None:
         raise ValueError(f"cannot tell the size of {type(image).__name__} to move masks and boxes with it")
     return size[1], size[0]
-
-
-class ProcessLocal(Generic[T]):
-    """A handle (file, mmap, LMDB environment) opened lazily, once per process.
-
-    Handles must never cross a fork (two processes sharing one LMDB environment or file offset
-    corrupt each other's reads), so the handle is reopened whenever the pid changes, and dropped
-    when the owner is pickled for a spawned worker.
-    """
-
-    def __init__(self, opener: Callable[[], T]) -> None:
-        self._opener = opener
-        self._pid: int | None = None
-        self._value: T | None = None
-
-    def get(self) -> T:
-        pid = os.getpid()
-        if self._value is None or self._pid != pid:
-            self._value = self._opener()
-            self._pid = pid
-        return self._value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_opener": self._opener, "_pid": None, "_value": None}
 
 
 def _check_gpu_filters(fused: FusedTransform, device: str) -> None:

@@ -34,7 +34,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index
+from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.folder_index import (
     FOLDER_KIND,
     FORMAT_VERSION,
@@ -49,6 +49,7 @@ from fastloader.datasets.folder_index import (
     parse_file_list,
     scan_folder,
 )
+from fastloader.datasets.handles import ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats.index_file import IndexFile, read_index, string_at

@@ -37,7 +37,8 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, decode_pil
+from fastloader.datasets.base import ImageDataset, decode_pil
+from fastloader.datasets.handles import ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats import lmdb_records as records

@@ -56,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
@@ -117,20 +118,23 @@ def footer_rows(path: str) -> int:
         raise _unreadable(path, error) from None
 
 
+def _close(opened: tuple[Any, Any]) -> None:
+    opened[1].close()  # the memory map; buffers still in use keep their mapping
+
+
 class _OpenFiles:
     """Per process: the memory-mapped files and the row groups last read (see the module docstring)."""
 
     def __init__(self, paths: list[str], cache_row_groups: int, verify_checksums: bool, max_decode: int) -> None:
         self._paths, self._keep, self._verify, self._max_decode = paths, cache_row_groups, verify_checksums, max_decode
-        self._files: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # file -> (ParquetFile, memory map)
+        self._files = OpenHandles(self._open, _close, _MAX_OPEN_FILES)  # file -> (ParquetFile, memory map)
         self._groups: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()  # -> column -> ChunkedArray
         self.reads = 0  # column chunks read (row group x column), for cache_info()
 
     def parquet_file(self, file: int) -> Any:
-        opened = self._files.get(file)
-        if opened is not None:
-            self._files.move_to_end(file)
-            return opened[0]
+        return self._files.get(file)[0]
+
+    def _open(self, file: int) -> tuple[Any, Any]:
         pa, pq = import_pyarrow()
         path = self._paths[file]
         try:
@@ -145,10 +149,7 @@ class _OpenFiles:
         except BaseException:
             mapped.close()
             raise
-        self._files[file] = (parquet, mapped)
-        if len(self._files) > _MAX_OPEN_FILES:
-            self._files.popitem(last=False)[1][1].close()  # buffers still in use keep their mapping
-        return parquet
+        return parquet, mapped
 
     def column(self, file: int, group: int, spec: Column, rows: int) -> Any:
         """The column of ``spec`` in row group ``group`` of ``file`` (``rows`` rows), read once; a

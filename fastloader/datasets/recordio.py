@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.handles import ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index

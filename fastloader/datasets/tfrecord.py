@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats.field_values import check_kind
@@ -56,7 +56,7 @@ _MAX_OPEN_SHARDS = 64
 class _OpenShard:
     def __init__(self, path: str, index_path: str) -> None:
         self.fd = open_regular(path)
-        weakref.finalize(self, os.close, self.fd)
+        self.close = weakref.finalize(self, os.close, self.fd)  # called when evicted, or when collected
         self.size = os.fstat(self.fd).st_size
         arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays
         self.offsets, self.lengths = arrays["offsets"], arrays["lengths"]
@@ -69,19 +69,19 @@ class _OpenShards:
 
     def __init__(self, paths: Sequence[str], index_paths: Sequence[str]) -> None:
         self._paths, self._index_paths = paths, index_paths
-        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self.open = OpenHandles(self._open, _close, _MAX_OPEN_SHARDS)
         self.last: tuple[int, int, memoryview] | None = None
         self.parsed: tuple[int, dict[str, Feature]] | None = None
 
     def get(self, shard: int) -> _OpenShard:
-        opened = self._open.get(shard)
-        if opened is None:
-            if len(self._open) >= _MAX_OPEN_SHARDS:
-                self._open.popitem(last=False)  # its finalizer closes the descriptor
-            opened = self._open[shard] = _OpenShard(self._paths[shard], self._index_paths[shard])
-        else:
-            self._open.move_to_end(shard)
-        return opened
+        return self.open.get(shard)
+
+    def _open(self, shard: int) -> _OpenShard:
+        return _OpenShard(self._paths[shard], self._index_paths[shard])
+
+
+def _close(shard: _OpenShard) -> None:
+    shard.close()
 
 
 class TFRecordSource:

@@ -162,7 +162,7 @@ def test_open_shards_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     source = TFRecordSource(str(tmp_path / "train-*.tfrecord"))
     for i in [0, 9, 4, 2, 7, 1, 8, 5, 3, 6, 0]:
         assert source.read(i) == data[i]
-        assert len(source._local.get()._open) <= 2
+        assert len(source._local.get().open) <= 2
 
 
 # -- processes ------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from PIL import Image
 from fastloader.datasets.folder import FolderSource
 from fastloader.datasets.lmdb import LMDBSource
 from fastloader.errors import FormatError
-from fastloader.pack.engine import pack, report_path
+from fastloader.pack.engine import pack
 from fastloader.pack.readers import ReencodeOptions, reencode
+from fastloader.pack.summary import report_path
 from fastloader.pack.verify import verify
 from tests.images import image_bytes, packed_items, write_image_folder
 

@@ -45,7 +45,7 @@ def _expected(root: Path) -> list[tuple[bytes, int]]:
 
 
 def _reader(url: str, cache: Path) -> TarShardDataset:
-    return TarShardDataset(url, decode=identity, cache=cache)
+    return TarShardDataset(url, decode=identity, shard_cache=cache)
 
 
 def _keys(s3_env: Any, bucket: str) -> list[str]:
