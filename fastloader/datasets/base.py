@@ -33,7 +33,6 @@ files / environments lazily in each process (see ``fastloader.datasets.handles``
 from __future__ import annotations
 
 import functools
-import io
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -43,15 +42,15 @@ import torch
 from torch.utils.data import Dataset
 
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
-from fastloader.errors import DecodeError
 from fastloader.fields.batch import FieldBatch
 from fastloader.fields.reader import FieldReader, to_tv_tensors
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
 from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
-from fastloader.image.decode import check_pixels, decode_plan, read_header
+from fastloader.image.decode import decode_plan, read_header
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
+from fastloader.image.pil import decode_pil
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
@@ -81,23 +80,6 @@ def check_index(index: int, length: int) -> int:
     if not 0 <= index < length:
         raise IndexError(f"index {index} out of range for a dataset of {length} items")
     return index
-
-
-def decode_pil(data: bytes, key: str = "<bytes>") -> Any:
-    """Decode encoded image bytes to an RGB ``PIL.Image`` (grayscale, CMYK, palette, RGBA converted)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image: Image.Image = Image.open(io.BytesIO(data))
-        check_pixels(*image.size, key)  # before decoding: a decompression bomb never allocates
-        image.load()
-        if image.mode == "P" and "transparency" in image.info:
-            image = image.convert("RGBA")  # the documented path for palette transparency (no warning)
-        return image if image.mode == "RGB" else image.convert("RGB")
-    except DecodeError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"{key}: cannot decode image ({type(error).__name__}: {error})") from error
 
 
 class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):

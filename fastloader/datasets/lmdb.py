@@ -37,12 +37,13 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, decode_pil
+from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.handles import ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.field_values import decode_value
+from fastloader.image.pil import decode_pil
 
 # With lock=False LMDB keeps no reader table, so this only matters to a caller that opens the
 # same files with locking; it is set high so that many loader workers never exhaust it.

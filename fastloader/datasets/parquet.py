@@ -56,13 +56,14 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
+from fastloader.image.pil import decode_pil
 
 _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; others are reopened as needed
 DEFAULT_CACHE_ROW_GROUPS = 4  # ShardWindowSampler's default window

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.handles import ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
@@ -50,6 +50,7 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
+from fastloader.image.pil import decode_pil
 from fastloader.storage import open_regular, sidecar_path
 
 INDEX_KIND = "recordio"

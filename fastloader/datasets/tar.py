@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastloader.datasets.base import ImageDataset, decode_pil
+from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.remote_tar import DEFAULT_SHARD_CACHE_LIMIT, RemoteTarShardSource
 from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
 from fastloader.errors import FormatError
@@ -37,6 +37,7 @@ from fastloader.formats.index_file import IndexFile, cached_index, read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
+from fastloader.image.pil import decode_pil
 from fastloader.remote.patterns import is_remote_pattern
 from fastloader.storage import cache_dir
 

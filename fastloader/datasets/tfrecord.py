@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
@@ -46,6 +46,7 @@ from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.protobuf import Feature, parse_example
 from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, default_index_path, load_index, read_record
+from fastloader.image.pil import decode_pil
 from fastloader.storage import open_regular
 
 # Each open shard costs a data descriptor and two index mmaps (each holds a descriptor): bound them,

@@ -9,32 +9,26 @@ the source image's geometry (:meth:`FieldReader.read`), then follow the image's 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastloader.errors import DecodeError, FormatError
+from fastloader.errors import FormatError
 from fastloader.fields.specs import Boxes, Layout, Output
 from fastloader.image.annotations import follow_boxes, follow_mask, keep_boxes, to_xyxy
-from fastloader.image.decode import check_pixels
 from fastloader.image.geometry import CropPlan
+from fastloader.image.pil import check_pixels, decode_errors, open_image
 
 
 def decode_mask(data: bytes, key: str) -> np.ndarray:
     """A mask image's values as stored: palette indices, 8 / 16-bit levels or channels; never converted."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image: Image.Image = Image.open(io.BytesIO(data))
-        check_pixels(*image.size, key)
+    with decode_errors(key, "the mask"):
+        image = open_image(data)
+        width, height = image.size
+        check_pixels(width, height, key)
         image.load()
-    except DecodeError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"{key}: cannot decode the mask ({type(error).__name__}: {error})") from error
     if image.mode == "1":
         image = image.convert("L")
     return np.array(image)  # writable: torch tensors are made of it

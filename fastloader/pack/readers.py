@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from fastloader.datasets.base import Source
 from fastloader.fields.source import field_kinds, read_fields
+from fastloader.image.pil import open_image, to_rgb
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -58,7 +59,7 @@ def reencode(data: bytes, options: ReencodeOptions) -> bytes:
     """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring)."""
     from PIL import Image
 
-    image: Image.Image = Image.open(io.BytesIO(data))
+    image = open_image(data)
     width, height = image.size
     limit = options.resize_max_side
     shrink = limit is not None and max(width, height) > limit
@@ -71,9 +72,7 @@ def reencode(data: bytes, options: ReencodeOptions) -> bytes:
         # DCT-scale to at least twice the target, then resample: as PIL's thumbnail(reducing_gap=2),
         # indistinguishable from a full decode and several times cheaper.
         image.draft("RGB", (2 * size[0], 2 * size[1]))
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # as decode_pil: the documented path for palette transparency
-    image = image.convert("RGB") if image.mode != "RGB" else image
+    image = to_rgb(image)  # as decode_pil converts at read time
     image.load()
     if image.size != size:
         image = image.resize(size, Image.Resampling.BICUBIC)

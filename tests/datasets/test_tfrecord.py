@@ -15,12 +15,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import fastloader.datasets.tfrecord as tfrecord_dataset
-from fastloader.datasets.base import Source, decode_pil
+from fastloader.datasets.base import Source
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.source import FieldSource, read_fields
 from fastloader.formats.protobuf import Feature, bytes_feature, encode_example, float_feature, int64_feature
 from fastloader.formats.tfrecord import TFRecordWriter
+from fastloader.image.pil import decode_pil
 
 KINDS = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
 

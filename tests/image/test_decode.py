@@ -14,10 +14,10 @@ import torchvision.transforms.functional as tvf
 from PIL import JpegImagePlugin
 
 from fastloader import transforms as T
-from fastloader.datasets.base import decode_pil
 from fastloader.errors import CorruptJPEGError, DecodeError
 from fastloader.image import decode
 from fastloader.image.geometry import CropPlan
+from fastloader.image.pil import decode_pil
 from tests.transforms import photo_bytes
 
 needs_ext = pytest.mark.skipif(decode._jpeg_ext() is None, reason="fastloader.image.jpeg_ext is not built")
