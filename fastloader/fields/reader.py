@@ -9,7 +9,7 @@ the source image's geometry (:meth:`FieldReader.read`), then follow the image's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,18 @@ class FieldReader:
                 labels = None if labels is None else labels.as_subclass(torch.Tensor)[keep]
             values[output.name] = boxes if spec.labels is None else {"boxes": boxes, "labels": labels}
 
+    def move(
+        self, values: dict[str, Any], image: Any, plan: CropPlan | None, transforms: Sequence[Callable[[Any], Any]]
+    ) -> Any:
+        """Move the masks and boxes of ``values`` with the image (in place): along its crop plan when the
+        image went through fused steps, then through ``transforms`` (torchvision v2 ones move them with
+        the image; see :func:`transform_with`), then :meth:`finish`. Returns the image after ``transforms``."""
+        if plan is not None:
+            self.follow(values, plan)
+        image = transform_with(transforms, image, values, self.layout)
+        self.finish(values)
+        return image
+
     def _boxes(self, index: int, output: Output, source_size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
         spec: Boxes = output.spec  # type: ignore[assignment]
         where = f"{self.source.key(index)}: field {spec.name!r}"
@@ -176,3 +188,49 @@ def to_tv_tensors(values: Mapping[str, Any], layout: Layout, canvas: tuple[int, 
             boxes = tv_tensors.BoundingBoxes(value["boxes"], format="XYXY", canvas_size=canvas)
             wrapped[output.name] = {**value, "boxes": boxes}
     return wrapped
+
+
+def transform_with(
+    transforms: Sequence[Callable[[Any], Any]], image: Any, values: dict[str, Any], layout: Layout
+) -> Any:
+    """Apply ``transforms`` to the image; torchvision v2 ones also to the masks and boxes of ``values``
+    (as ``tv_tensors``), which they move with it. Others see the image only."""
+    if not transforms:
+        return image
+    if image is None:
+        raise ValueError(f"{list(transforms)!r}: masks or boxes with this transform need the image in fields")
+    geometric = [t for t in transforms if not _is_v2(t)]
+    if not isinstance(image, torch.Tensor) and geometric:
+        raise ValueError(
+            f"masks and boxes move with the image through fastloader transforms or torchvision.transforms.v2 ones;"
+            f" {geometric[0]!r} is neither (it would move the pixels and leave the annotations behind)"
+        )
+    annotations = to_tv_tensors(values, layout, _canvas(image))
+    for transform in transforms:
+        if _is_v2(transform):
+            image, annotations = transform(image, annotations)  # type: ignore[call-arg]
+        else:
+            image = transform(image)
+    for name, value in annotations.items():
+        values[name] = value
+    return image
+
+
+def _is_v2(transform: Any) -> bool:
+    """A torchvision v2 transform (it moves tv_tensors masks and boxes with the image)."""
+    return type(transform).__module__.startswith("torchvision.transforms.v2")
+
+
+def image_size(image: Any) -> tuple[int, int] | None:
+    """(width, height) of a PIL image or a [..., H, W] tensor; None for anything else."""
+    if isinstance(image, torch.Tensor):
+        return int(image.shape[-1]), int(image.shape[-2])
+    size = getattr(image, "size", None)
+    return (int(size[0]), int(size[1])) if isinstance(size, tuple) and len(size) == 2 else None
+
+
+def _canvas(image: Any) -> tuple[int, int]:
+    size = image_size(image)
+    if size is None:
+        raise ValueError(f"cannot tell the size of {type(image).__name__} to move masks and boxes with it")
+    return size[1], size[0]
