@@ -11,7 +11,7 @@ pattern, a glob or a list of URLs names the shards (``s3://data/train-{000000..0
   under two prefixes, or an object replaced by another of the same size, never share an index; the
   shard cache keeps its bytes under it too. Every read of a shard is pinned to that ETag (``If-Match``,
   and the response's ETag checked): an object replaced after this dataset indexed it is an
-  :class:`~fastloader.remote.retry.ObjectChanged` naming it, never bytes read through the old index.
+  :class:`~fastloader.errors.ObjectChanged` naming it, never bytes read through the old index.
 * **Indexes.** A shard's index comes from the ``.fl-idx`` object beside the shard when there is one (a
   small GET), else from the shard itself, fetched once into the shard cache and walked as a local shard
   is. The catalog of all shards is then built as for local shards. An

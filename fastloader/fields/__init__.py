@@ -19,4 +19,4 @@ from fastloader.fields.source import FieldSource, field_kinds, read_fields
 from fastloader.fields.specs import Boxes, Mask
 from fastloader.formats.field_values import KINDS
 
-__all__ = ["KINDS", "Boxes", "FieldSource", "Mask", "MissingField", "field_kinds", "read_fields"]
+__all__ = ["Boxes", "FieldSource", "KINDS", "Mask", "MissingField", "field_kinds", "read_fields"]

@@ -155,8 +155,8 @@ _COLLATE_FN_MAP = {**default_collate_fn_map, EncodedImage: _collate_encoded}
 
 
 def collate(batch: Any) -> Any:
-    """``[images, labels]`` of a :class:`PrecollatedBatch` without a copy, what any other
-    :class:`Collated` batch holds; else ``default_collate`` (which also keeps a batch's
+    """``[images, labels]`` of a :class:`PrecollatedBatch` without a copy, what any other batch
+    collated in the worker holds (``collated()``); else ``default_collate`` (which also keeps a batch's
     :class:`EncodedImage` items as a list, for the GPU decoder)."""
     if isinstance(batch, list) and isinstance(batch, Collated):
         return batch.collated()

@@ -62,8 +62,8 @@ def pack(
 
     ``format``: ``lmdb`` (default), ``tar`` or ``parquet`` (files of ``shard_size`` items); ``dst`` may be an
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
-    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
-    (default: guessed, see :func:`fastloader.datasets.sources.detect_source_kind`); ``root``: the base of a file list's
+    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path (default:
+    guessed, see ``fastloader.datasets.sources.detect_source_kind()``); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
 

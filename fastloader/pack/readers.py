@@ -1,9 +1,9 @@
 """The reader side of ``fastloader pack``: read each source item, prove it decodes, re-encode it.
 
 A pool of reader processes takes ranges of source positions (``_CHUNK`` at a time) and returns
-:class:`Prepared` items; :func:`prepared` yields them in source order to the single writer in
-``pack.py``. An item that cannot be read, is empty or does not decode becomes a skip with its
-reason: one bad file never aborts a pack of many hours.
+:class:`Prepared` items; :func:`prepared` yields them in source order to the single writer of the
+local engine (``fastloader.pack.local``). An item that cannot be read, is empty or does not decode
+becomes a skip with its reason: one bad file never aborts a pack of many hours.
 
 Without re-encoding every image is still decoded once to prove it whole: JPEGs at 1/8 scale in
 grayscale (libjpeg still parses the whole entropy-coded stream, so a truncated or corrupt file

@@ -38,7 +38,7 @@ Size = tuple[int, int]
 
 
 class Decoded(NamedTuple):
-    """What :meth:`FusedTransform.decode_planned` made of one encoded image."""
+    """What :meth:`fastloader.transforms.FusedTransform.decode_planned` made of one encoded image."""
 
     header: decode.ImageHeader
     plan: CropPlan
