@@ -67,40 +67,32 @@ def test_every_exception_fastloader_defines_is_in_fastloader_errors() -> None:
     assert not elsewhere, f"exceptions defined outside fastloader.errors: {elsewhere}"
 
 
-def test_the_errors_are_fastloader_errors_and_importable_from_one_place() -> None:
-    from fastloader.errors import (
-        CacheStuck,
-        CorruptJPEGError,
-        DecodeError,
-        FastloaderError,
-        FormatError,
-        MissingField,
-        ObjectChanged,
-        RemoteError,
-        TooManyBadSamples,
-        TruncatedBody,
-        UnsupportedJPEGError,
-    )
+ERRORS = (
+    "CacheStuck",
+    "CorruptJPEGError",
+    "DecodeError",
+    "FastloaderError",
+    "FormatError",
+    "MissingField",
+    "ObjectChanged",
+    "RemoteError",
+    "TooManyBadSamples",
+    "TruncatedBody",
+    "UnsupportedJPEGError",
+)
 
-    defined = [
-        value
-        for value in vars(fastloader.errors).values()
+
+def test_the_errors_are_fastloader_errors_and_importable_from_one_place() -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from fastloader.errors import {', '.join(ERRORS)}", namespace)  # noqa: S102 - the one place
+    defined = {
+        name
+        for name, value in vars(fastloader.errors).items()
         if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == "fastloader.errors"
-    ]
-    assert set(defined) == {
-        CacheStuck,
-        CorruptJPEGError,
-        DecodeError,
-        FastloaderError,
-        FormatError,
-        MissingField,
-        ObjectChanged,
-        RemoteError,
-        TooManyBadSamples,
-        TruncatedBody,
-        UnsupportedJPEGError,
     }
-    assert all(issubclass(error, FastloaderError) for error in defined)
+    assert defined == set(ERRORS)
+    errors = fastloader.errors
+    assert all(issubclass(getattr(errors, name), errors.FastloaderError) for name in ERRORS)
     # Caught as the built-in a caller expects, without knowing fastloader.
-    assert issubclass(RemoteError, OSError) and issubclass(CacheStuck, TimeoutError)
-    assert issubclass(MissingField, FormatError) and issubclass(FormatError, ValueError)
+    assert issubclass(errors.RemoteError, OSError) and issubclass(errors.CacheStuck, TimeoutError)
+    assert issubclass(errors.MissingField, errors.FormatError) and issubclass(errors.FormatError, ValueError)

@@ -31,6 +31,7 @@ re-encoded at its own size keeps its original bytes when the JPEG would not be s
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from fastloader.datasets.base import Source
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE
@@ -72,48 +73,22 @@ def pack(
     ``fastloader.pack.ray_engine``.
     """
     dst = os.fspath(dst)
+    # What every engine takes; each adds its own (LMDB's commit_every and map_size, Ray's address).
+    common: dict[str, Any] = {
+        "resize_max_side": resize_max_side,
+        "quality": quality,
+        "workers": workers,
+        "progress": progress,
+        "src_format": src_format,
+        "root": root,
+        "shard_size": shard_size,
+    }
     if engine == "ray":
-        return pack_on_ray(
-            src,
-            dst,
-            format=format,
-            resize_max_side=resize_max_side,
-            quality=quality,
-            workers=workers,
-            progress=progress,
-            src_format=src_format,
-            root=root,
-            shard_size=shard_size,
-            ray_address=ray_address,
-        )
+        return pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
     if engine != "local":
         raise ValueError(f"engine must be local or ray, got {engine!r}")
     if ray_address is not None:
         raise ValueError("ray_address is for engine='ray' (pass --engine ray)")
     if is_remote(dst):
-        return pack_to_remote(
-            src,
-            dst,
-            format=format or "tar",
-            resize_max_side=resize_max_side,
-            quality=quality,
-            workers=workers,
-            progress=progress,
-            src_format=src_format,
-            root=root,
-            shard_size=shard_size,
-        )
-    return pack_local(
-        src,
-        dst,
-        format=format,
-        resize_max_side=resize_max_side,
-        quality=quality,
-        workers=workers,
-        progress=progress,
-        src_format=src_format,
-        root=root,
-        shard_size=shard_size,
-        commit_every=commit_every,
-        map_size=map_size,
-    )
+        return pack_to_remote(src, dst, format=format or "tar", **common)
+    return pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)
