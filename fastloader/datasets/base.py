@@ -49,6 +49,7 @@ from fastloader.fields.specs import Layout, Spec, resolve
 from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
+from fastloader.image.gpu_decode import check_filters
 from fastloader.image.pil import decode_pil
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
@@ -243,7 +244,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 )
             if self._cache is not None:
                 raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
-            _check_gpu_filters(fused, device)
+            check_filters(fused.steps, device)
         self._decode_device = kind
 
     def set_cache(self, path: str | os.PathLike[str] | None) -> None:
@@ -397,18 +398,3 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 def _tensor(image: Any) -> Any:
     """H×W×3 pixels as a C×H×W tensor (a view); anything else (an encoded image, None) as it is."""
     return torch.from_numpy(image).permute(2, 0, 1) if isinstance(image, np.ndarray) else image
-
-
-def _check_gpu_filters(fused: FusedTransform, device: str) -> None:
-    """GPU decode resizes with nearest, bilinear or bicubic; box, hamming and lanczos have no GPU
-    equivalent, and decoding those images on one CPU thread of the main process would be slower
-    than decoding them in the workers: refuse, naming the step."""
-    from fastloader.image.gpu_decode import GPU_FILTERS
-
-    for step in fused.steps:
-        interpolation = getattr(step, "interpolation", None)
-        if interpolation is not None and interpolation not in GPU_FILTERS:
-            raise ValueError(
-                f"device={device!r} resizes on the GPU with {', '.join(sorted(set(GPU_FILTERS)))};"
-                f" {step!r} asks for {interpolation!r}: choose one of those, or decode on the CPU"
-            )

@@ -57,6 +57,19 @@ GPU_FILTERS = {
 log = logging.getLogger("fastloader")
 
 
+def check_filters(steps: Sequence[Any], device: str) -> None:
+    """GPU decode resizes with nearest, bilinear or bicubic; box, hamming and lanczos have no GPU
+    equivalent, and decoding those images on one CPU thread of the main process would be slower
+    than decoding them in the workers: refuse, naming the step."""
+    for step in steps:
+        interpolation = getattr(step, "interpolation", None)
+        if interpolation is not None and interpolation not in GPU_FILTERS:
+            raise ValueError(
+                f"device={device!r} resizes on the GPU with {', '.join(sorted(set(GPU_FILTERS)))};"
+                f" {step!r} asks for {interpolation!r}: choose one of those, or decode on the CPU"
+            )
+
+
 @dataclass
 class DecodeCounts:
     """What a :class:`GpuDecoder` has done since it was made."""
