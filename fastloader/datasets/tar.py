@@ -192,4 +192,5 @@ def _refuse(pattern: Any, where: str, **options: Any) -> None:
     given = [name for name, value in options.items() if value is not None]
     if given:
         other = "s3:// shards" if where == "local" else "local shards"
-        raise ValueError(f"TarShardDataset({pattern!r}): {', '.join(given)} are for {other}, not {where} ones")
+        verb = "is" if len(given) == 1 else "are"
+        raise ValueError(f"TarShardDataset({pattern!r}): {', '.join(given)} {verb} for {other}, not {where} ones")

@@ -282,7 +282,7 @@ def test_a_local_dataset_refuses_the_options_of_s3_shards(tmp_path: Path) -> Non
     write_shards(tmp_path, shards=1, per_shard=2)
     pattern = str(tmp_path / "train-*.tar")
     for options in ({"shard_cache": tmp_path / "c"}, {"shard_cache_limit": 1 << 30}, {"endpoint_url": "http://s3"}):
-        with pytest.raises(ValueError, match=f"{next(iter(options))} are for s3:// shards, not local ones"):
+        with pytest.raises(ValueError, match=f"{next(iter(options))} is for s3:// shards, not local ones"):
             TarShardDataset(pattern, **options)
 
 
@@ -303,5 +303,5 @@ def test_cache_is_the_cache_of_decoded_images_on_local_shards(tmp_path: Path) ->
 def test_on_s3_shards_cache_names_shard_cache_and_index_paths_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"the directory of the S3 shard cache is now shard_cache="):
         TarShardDataset("s3://bucket/train", cache=tmp_path / "c")
-    with pytest.raises(ValueError, match="index_paths are for local shards, not s3:// ones"):
+    with pytest.raises(ValueError, match="index_paths is for local shards, not s3:// ones"):
         TarShardDataset("s3://bucket/train", index_paths=[tmp_path / "a.idx"])
