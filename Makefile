@@ -16,6 +16,7 @@ test: setup
 	.venv/bin/ruff check fastloader tests benchmarks examples scripts docs/conf.py
 	.venv/bin/ruff format --check fastloader tests benchmarks examples scripts docs/conf.py
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 	$(SPHINX_BUILD)
 	.venv/bin/python -m pytest -q
 

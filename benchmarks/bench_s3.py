@@ -161,7 +161,9 @@ def main() -> None:
         local_runs_keys = ("images_per_s", "first_batch_s", "images", "cache_peak_bytes")
         for repeat in range(args.repeats + 1):  # the first round warms the page cache and imports
             local_run = run_epoch(TarShardDataset(str(local), transform=transform()), args.workers, args.batch_size)
-            remote = TarShardDataset(url, transform=transform(), cache=work / f"cache-{repeat}", cache_limit=limit)
+            remote = TarShardDataset(
+                url, transform=transform(), shard_cache=work / f"cache-{repeat}", shard_cache_limit=limit
+            )
             server_cpu = _cpu_seconds(server.process.pid)
             remote_run = run_epoch(remote, args.workers, args.batch_size, watch=remote.source.cache.used)
             remote_run["server_cpu_s"] = _cpu_seconds(server.process.pid) - server_cpu
@@ -172,7 +174,11 @@ def main() -> None:
         proxy = FaultProxy(server.endpoint_url).start()
         try:
             counted = TarShardDataset(
-                url, transform=transform(), endpoint_url=proxy.url, cache=work / "cache-counted", cache_limit=limit
+                url,
+                transform=transform(),
+                endpoint_url=proxy.url,
+                shard_cache=work / "cache-counted",
+                shard_cache_limit=limit,
             )
             before = proxy.count("GET", "")
             run_epoch(counted, args.workers, args.batch_size)

@@ -29,10 +29,11 @@ from torch.utils.data import default_collate
 from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
-from fastloader.loader.stage_clock import StampedIndices, TimedCollate, timed
+from fastloader.loader.stage_clock import StampedIndices, TimedCollate
 from fastloader.loader.stage_stats import StageStats
 from fastloader.pack import pack
 from fastloader.sample import make_sample_folder
+from fastloader.timing import timed
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

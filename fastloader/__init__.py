@@ -10,7 +10,6 @@ side stream. ``BackgroundGenerator`` prefetches any iterable the same way.
 
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.dataloader import DataLoaderX
-
-__version__ = "0.1.0"
+from fastloader.version import __version__
 
 __all__ = ["BackgroundGenerator", "DataLoaderX", "__version__"]

@@ -102,8 +102,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_fields(args: argparse.Namespace) -> int:
+    from fastloader.datasets.sources import open_source
     from fastloader.fields.listing import describe, format_text
-    from fastloader.pack.engine import open_source
 
     source, _ = open_source(args.src, args.src_format, root=args.root)
     report = describe(source, args.items)
@@ -174,7 +174,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack.engine import SOURCE_KINDS
+    from fastloader.datasets.sources import SOURCE_KINDS
 
     scan = commands.add_parser(
         "scan",
@@ -192,7 +192,7 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from fastloader.pack.engine import SOURCE_KINDS
+    from fastloader.datasets.sources import SOURCE_KINDS
     from fastloader.pack.readers import DEFAULT_QUALITY
 
     pack = commands.add_parser(
@@ -261,8 +261,8 @@ def _workers_or_auto(text: str) -> int | str:
 
 def _add_pipeline_arguments(parser: argparse.ArgumentParser, step_help: str) -> None:
     """What `doctor` and `bench` share: the dataset, and the pipeline run over it."""
+    from fastloader.datasets.sources import SOURCE_KINDS
     from fastloader.doctor.pipelines import PIPELINES
-    from fastloader.pack.engine import SOURCE_KINDS
 
     parser.add_argument("path", metavar="PATH", help="the dataset (any SRC of `fastloader pack`)")
     parser.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")

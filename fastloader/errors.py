@@ -1,6 +1,25 @@
-"""The exceptions fastloader raises for bad data: each names the file, key or record at fault."""
+"""Every exception fastloader raises of its own, in one place: ``from fastloader.errors import X``.
+
+Each names the file, key, record or object at fault. All derive from :class:`FastloaderError` and from
+the built-in exception a caller would catch without knowing fastloader (``ValueError`` for bad data,
+``OSError`` for storage, ...):
+
+* bad data: :class:`FormatError` (a file not in its format), :class:`MissingField` (a sample without
+  the field asked for), :class:`DecodeError` (an image that does not decode), :class:`TooManyBadSamples`
+  (more bad samples than the error policy allows);
+* the JPEG region decoder (``fastloader.image.jpeg_ext``): :class:`UnsupportedJPEGError` and
+  :class:`CorruptJPEGError`, which the image path leaves to PIL;
+* object storage (``fastloader.remote``): :class:`RemoteError` (a request that failed for good),
+  :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
+  body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress).
+
+No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
+"""
 
 from __future__ import annotations
+
+import os
+import re
 
 
 class FastloaderError(Exception):
@@ -11,9 +30,67 @@ class FormatError(FastloaderError, ValueError):
     """A file is not in the expected format (bad magic, bad length, bad checksum, unknown version)."""
 
 
+class MissingField(FormatError):
+    """An item has no field of the name asked for (the message names the item's key and the field)."""
+
+
 class DecodeError(FastloaderError, ValueError):
     """An image's bytes cannot be decoded."""
 
 
 class TooManyBadSamples(FastloaderError, RuntimeError):
     """More bad samples than a dataset's error policy allows (``max_errors``)."""
+
+
+class UnsupportedJPEGError(FastloaderError, NotImplementedError):
+    """A valid JPEG that the region decoder does not handle (CMYK, YCCK, 12-bit, ...): decode it with PIL."""
+
+
+class CorruptJPEGError(FastloaderError, ValueError):
+    """libjpeg-turbo found the data corrupt (truncated, bad markers): PIL decodes it or names the fault."""
+
+
+# ``scheme://user:password@host``: everything between the scheme and the last ``@`` of the authority goes
+# (a password may hold an unescaped ``@``).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s\"']*@")
+# Query-string credentials: presigned S3 URLs, SAS-style tokens, passwords.
+_QUERY_SECRET = re.compile(
+    r"(?i)((?:x-amz-(?:signature|credential|security-token)|awsaccesskeyid|signature|sig|token|password|secret)=)"
+    r"[^&\s\"']*"
+)
+# Secrets of the standard credential chain, removed wherever they appear (no client prints them; belt and braces).
+_SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def redact(text: str) -> str:
+    """``text`` without URL userinfo, query-string credentials or the environment's secret key and session
+    token (each replaced by ``***``)."""
+    text = _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    for name in _SECRET_VARS:
+        value = os.environ.get(name, "")
+        if len(value) >= 8:  # a short value would blank out ordinary words
+            text = text.replace(value, "***")
+    return text
+
+
+class RemoteError(FastloaderError, OSError):
+    """A remote read or write that failed for good; the message names the object.
+
+    ``status`` / ``code``: the server's HTTP status and S3 error code when it answered (else None).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(redact(message))
+        self.status, self.code = status, code
+
+
+class ObjectChanged(RemoteError):
+    """An object read through an index is no longer the version that was indexed (replaced or deleted)."""
+
+
+class TruncatedBody(FastloaderError, OSError):
+    """A response body shorter (or longer) than the length the request asked for."""
+
+
+class CacheStuck(FastloaderError, TimeoutError):
+    """A wait in the shard cache saw no progress for ``wait_s`` seconds; the message names the object."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastloader.fields.values import MissingField
+from fastloader.errors import MissingField
 from tests.images import image_bytes
 
 LONG_NAME = "deeply/" * 16 + "Nested"  # its member's name needs a pax header (over 100 bytes)

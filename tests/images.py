@@ -49,7 +49,7 @@ def packed_items(path: Path) -> list[tuple[str | None, int, bytes]]:
 
 def pack_contents(path: Path) -> list[tuple[str | None, int, bytes]]:
     """``(source key, label, bytes)`` of every sample of a pack of any format (LMDB, tar, Parquet), in order."""
-    from fastloader.pack.engine import open_source
+    from fastloader.datasets.sources import open_source
 
     source, _ = open_source(str(path))
     key = getattr(source, "source_key", source.key)  # tar and LMDB keep the source's key beside their own

@@ -126,8 +126,8 @@ def test_scan_and_pack_find_exactly_the_bad_inputs(corpus: Path, tmp_path: Path)
 
 
 def test_bombs_are_refused_before_decoding(tmp_path: Path) -> None:
-    from fastloader.datasets.base import decode_pil
     from fastloader.errors import DecodeError
+    from fastloader.image.pil import decode_pil
 
     for make in (png_bomb, jpeg_bomb):
         with pytest.raises(DecodeError, match="bomb.jpg: .*exceeds"):

@@ -222,7 +222,7 @@ def mutate_index_values(path: Path, kind: str, version: int, mutation: tuple[str
 
 def read_all(source: Source) -> list[tuple[str, bytes, int, dict[str, object]]]:
     """Every key, image, label and field of ``source`` (only fastloader's errors may escape)."""
-    from fastloader.fields.values import field_kinds, read_fields
+    from fastloader.fields.source import field_kinds, read_fields
 
     kinds = field_kinds(source)
     return [

@@ -27,31 +27,31 @@ that order) or ``fields={"image": "jpg", "caption": "txt"}`` (items are dicts); 
 
 Sources must hold no per-sample Python objects (at 10M samples each worker's refcount writes
 would copy-on-write them into GBs): keep indexes in numpy arrays, ideally memory-mapped, and open
-files / environments lazily in each process (see ``ProcessLocal``).
+files / environments lazily in each process (see ``fastloader.datasets.handles``).
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
-from fastloader.errors import DecodeError
-from fastloader.fields.reader import FieldReader, to_tv_tensors
+from fastloader.fields.batch import FieldBatch
+from fastloader.fields.reader import FieldReader, image_size
+from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
-from fastloader.fields.values import aliases, field_kinds
-from fastloader.image.batching import EncodedImage, FieldBatch, PrecollatedBatch, allocate_batch
-from fastloader.image.decode import check_pixels, decode_plan, read_header
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
-from fastloader.loader.stage_clock import timed
+from fastloader.image.gpu_decode import check_filters
+from fastloader.image.pil import decode_pil
+from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
@@ -82,23 +82,6 @@ def check_index(index: int, length: int) -> int:
     return index
 
 
-def decode_pil(data: bytes, key: str = "<bytes>") -> Any:
-    """Decode encoded image bytes to an RGB ``PIL.Image`` (grayscale, CMYK, palette, RGBA converted)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image: Image.Image = Image.open(io.BytesIO(data))
-        check_pixels(*image.size, key)  # before decoding: a decompression bomb never allocates
-        image.load()
-        if image.mode == "P" and "transparency" in image.info:
-            image = image.convert("RGBA")  # the documented path for palette transparency (no warning)
-        return image if image.mode == "RGB" else image.convert("RGB")
-    except DecodeError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"{key}: cannot decode image ({type(error).__name__}: {error})") from error
-
-
 class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     """A map-style dataset over a :class:`Source`: item i is ``(transform(image), target_transform(label))``.
 
@@ -110,8 +93,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     ``fields``: what an item holds besides ``(image, label)`` (see the module docstring and
     ``fastloader.fields.specs``): a sequence gives tuple items, a mapping dict items.
 
-    One seam: ``ds[i]``, the batched path and the error policy all get an item through ``_item``, whose
-    image comes from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one).
+    One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
+    ``__getitems__``, samples with fields and GPU decode all get their image from ``_decoded()`` (the
+    cache, else read -> header -> crop plan -> decode, timed there once). Without one, the image comes
+    from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one) and the transform.
     """
 
     def __init__(
@@ -164,7 +149,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return self._sample(index)
         fused = self._fused()
         if fused is not None:
-            return self._fused_image(fused, index), self._label(index)
+            return self._finish(fused, self._decoded(fused, index)[0]), self._label(index)
         image = self._image(index)
         label = self._target(index)
         if self.transform is not None:
@@ -175,7 +160,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         return image, label
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        """Items ``indices`` as one :class:`~fastloader.batching.PrecollatedBatch` when the transform
+        """Items ``indices`` as one :class:`~fastloader.image.batching.PrecollatedBatch` when the transform
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
         if self._layout is not None:
             return self._sample_batch(indices)
@@ -204,11 +189,11 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""
 
         if self._errors is None:  # the hot path: no closure per sample
-            self._decode_into(fused, index, out)
+            self._decoded(fused, index, out)
             return (self._label(index),)
 
         def produce(i: int) -> tuple[Any]:
-            self._decode_into(fused, i, out)
+            self._decoded(fused, i, out)
             return (self._label(i),)
 
         return self._errors.fetch(index, self.source.key, produce)
@@ -259,7 +244,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 )
             if self._cache is not None:
                 raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
-            _check_gpu_filters(fused, device)
+            check_filters(fused.steps, device)
         self._decode_device = kind
 
     def set_cache(self, path: str | os.PathLike[str] | None) -> None:
@@ -310,42 +295,45 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         label = self._target(index)
         return label if self.target_transform is None else self.target_transform(label)
 
-    def _fused_image(self, fused: FusedTransform, index: int) -> Any:
-        if self._decode_device != "cpu":
-            with timed("read"):
-                data, key = self.source.read(index), self.source.key(index)
-            with timed("decode"):  # only the header and the crop plan: the GPU decodes
-                header = read_header(data, key)
-                return EncodedImage(data, fused.plan(header.width, header.height), key, header, index)
-        size = fused.decoded_size
-        if self._cache is not None and size is not None:
-            pixels = np.empty((*size, 3), dtype=np.uint8)
-            self._decode_into(fused, index, pixels)
-        else:
-            with timed("read"):
-                data = self.source.read(index)
-            with timed("decode"):  # fused with the crop and resize
-                pixels = fused.decode_into(data, None, self.source.key(index))
-        if not fused.tail:
-            return torch.from_numpy(pixels).permute(2, 0, 1)
-        with timed("transform"):
-            return fused.finish(torch.from_numpy(pixels).permute(2, 0, 1))
+    def _decoded(
+        self, fused: FusedTransform, index: int, out: np.ndarray | None = None, pixels: bool = True
+    ) -> tuple[Any, CropPlan | None]:
+        """Item ``index`` through the fused steps: the one route from bytes to pixels, and its one timing.
 
-    def _decode_into(self, fused: FusedTransform, index: int, out: np.ndarray) -> None:
-        """Item ``index`` through the fused steps into ``out``, through the cache when there is one."""
+        The dataset's configuration (transform, cache, decode device) chose the route; each item runs
+        it: the cache when it holds the item, else read -> header -> crop plan -> decode
+        (:meth:`~fastloader.transforms.FusedTransform.decode_planned`), into ``out`` when given. Decoding
+        on the GPU, the image stays encoded, with its plan; ``pixels=False``: the plan only. Returns
+        (H×W×3 uint8 pixels, an ``EncodedImage`` or None; the crop plan, None for pixels from the cache).
+        """
         cache = self._cache
-        if cache is not None and fused is not self._cached_transform:
-            raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
         if cache is not None:
+            if fused is not self._cached_transform:
+                raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
+            size = cast(tuple[int, int], fused.decoded_size)  # fixed: set_cache checked it
+            out = np.empty((*size, 3), dtype=np.uint8) if out is None else out
             with timed("read"):  # decoded pixels from the cache
                 if cache.read_into(index, out):
-                    return
+                    return out, None
+        gpu = self._decode_device != "cpu"
         with timed("read"):
             data = self.source.read(index)
-        with timed("decode"):  # fused with the crop and resize
-            fused.decode_into(data, out, self.source.key(index))
-        if cache is not None:
-            cache.write(index, out)
+        with timed("decode"):  # fused with the crop and resize; for the GPU, only the header and the plan
+            key = self.source.key(index)
+            header, plan, decoded = fused.decode_planned(data, key, out, pixels=pixels and not gpu)
+        if gpu:
+            return EncodedImage(data, plan, key, header, index), plan
+        if cache is not None and decoded is not None:
+            cache.write(index, decoded)
+        return decoded, plan
+
+    def _finish(self, fused: FusedTransform, image: Any) -> Any:
+        """Decoded pixels as a C×H×W tensor, through the transform's tail; an encoded image as it is."""
+        image = _tensor(image)
+        if not fused.tail or not isinstance(image, torch.Tensor):
+            return image
+        with timed("transform"):
+            return fused.finish(image)
 
     # -- samples with fields (fastloader.fields) ---------------------------------------------------
 
@@ -379,31 +367,26 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         image: Any = None
         plan: CropPlan | None = None
         source_size: tuple[int, int] | None = None
-        if layout.annotations and fused is not None:
-            image, plan = self._planned_image(fused, index, out, layout.wants_image)
-            source_size = plan.source_size
+        transforms: Sequence[Callable[[Any], Any]] = ()
+        if fused is not None and (layout.wants_image or layout.annotations):
+            pixels, plan = self._decoded(fused, index, out, pixels=layout.wants_image)
+            if layout.annotations:  # the plan gives their geometry; the tail moves them with the image (below)
+                image = None if out is not None else _tensor(pixels)
+                source_size, transforms = cast(CropPlan, plan).source_size, fused.tail
+            elif out is None:
+                image = self._finish(fused, pixels)
         elif layout.wants_image or layout.annotations:
-            if fused is not None and out is not None:
-                self._decode_into(fused, index, out)
-            elif fused is not None:
-                image = self._fused_image(fused, index)
-            else:
-                image = self._image(index)
-                source_size = _image_size(image)
-                if not layout.annotations and self.transform is not None:
-                    with timed("transform"):  # with annotations, the transform moves them too (below)
-                        image = self.transform(image)
+            image = self._image(index)
+            source_size = image_size(image)
+            transforms = () if self.transform is None else (self.transform,)
+            if not layout.annotations and self.transform is not None:
+                with timed("transform"):  # with annotations, the transform moves them too (below)
+                    image = self.transform(image)
         with timed("read"):
             values = reader.read(index, source_size)
         if layout.annotations:
             with timed("transform"):
-                if plan is not None:
-                    reader.follow(values, plan)
-                    tail = fused.tail if fused is not None else ()
-                else:
-                    tail = () if self.transform is None else (self.transform,)
-                image = self._transform_with(tail, image, values, layout)
-                reader.finish(values)
+                image = reader.move(values, image, plan, transforms)
         for output in layout.outputs:
             if output.role == "image":
                 values[output.name] = image
@@ -411,102 +394,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 values[output.name] = self._label(index)
         return layout.assemble(values)
 
-    def _planned_image(
-        self, fused: FusedTransform, index: int, out: np.ndarray | None, decode: bool
-    ) -> tuple[Any, CropPlan]:
-        """The image through the fused steps and its crop plan (which masks and boxes follow)."""
-        with timed("read"):
-            data, key = self.source.read(index), self.source.key(index)
-        with timed("decode"):
-            header = read_header(data, key)
-            plan = fused.plan(header.width, header.height)
-            if self._decode_device != "cpu":
-                return EncodedImage(data, plan, key, header, index), plan
-            if not decode:
-                return None, plan
-            pixels = decode_plan(data, plan, key, out, fast=not fused.exact_decode, header=header)
-        return (None if out is not None else torch.from_numpy(pixels).permute(2, 0, 1)), plan
 
-    def _transform_with(
-        self, transforms: Sequence[Callable[[Any], Any]], image: Any, values: dict[str, Any], layout: Layout
-    ) -> Any:
-        """Apply ``transforms`` to the image; torchvision v2 ones also to the masks and boxes of ``values``
-        (as ``tv_tensors``), which they move with it. Others see the image only."""
-        if not transforms:
-            return image
-        if image is None:
-            raise ValueError(f"{self.transform!r}: masks or boxes with this transform need the image in fields")
-        geometric = [t for t in transforms if not _is_v2(t)]
-        if image is not None and not isinstance(image, torch.Tensor) and geometric:
-            raise ValueError(
-                f"masks and boxes move with the image through fastloader transforms or torchvision.transforms.v2 ones;"
-                f" {geometric[0]!r} is neither (it would move the pixels and leave the annotations behind)"
-            )
-        annotations = to_tv_tensors(values, layout, _canvas(image))
-        for transform in transforms:
-            if _is_v2(transform):
-                image, annotations = transform(image, annotations)  # type: ignore[call-arg]
-            else:
-                image = transform(image)
-        for name, value in annotations.items():
-            values[name] = value
-        return image
-
-
-def _is_v2(transform: Any) -> bool:
-    """A torchvision v2 transform (it moves tv_tensors masks and boxes with the image)."""
-    return type(transform).__module__.startswith("torchvision.transforms.v2")
-
-
-def _image_size(image: Any) -> tuple[int, int] | None:
-    """(width, height) of a PIL image or a [..., H, W] tensor; None for anything else."""
-    if isinstance(image, torch.Tensor):
-        return int(image.shape[-1]), int(image.shape[-2])
-    size = getattr(image, "size", None)
-    return (int(size[0]), int(size[1])) if isinstance(size, tuple) and len(size) == 2 else None
-
-
-def _canvas(image: Any) -> tuple[int, int]:
-    size = _image_size(image)
-    if size is None:
-        raise ValueError(f"cannot tell the size of {type(image).__name__} to move masks and boxes with it")
-    return size[1], size[0]
-
-
-class ProcessLocal(Generic[T]):
-    """A handle (file, mmap, LMDB environment) opened lazily, once per process.
-
-    Handles must never cross a fork (two processes sharing one LMDB environment or file offset
-    corrupt each other's reads), so the handle is reopened whenever the pid changes, and dropped
-    when the owner is pickled for a spawned worker.
-    """
-
-    def __init__(self, opener: Callable[[], T]) -> None:
-        self._opener = opener
-        self._pid: int | None = None
-        self._value: T | None = None
-
-    def get(self) -> T:
-        pid = os.getpid()
-        if self._value is None or self._pid != pid:
-            self._value = self._opener()
-            self._pid = pid
-        return self._value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_opener": self._opener, "_pid": None, "_value": None}
-
-
-def _check_gpu_filters(fused: FusedTransform, device: str) -> None:
-    """GPU decode resizes with nearest, bilinear or bicubic; box, hamming and lanczos have no GPU
-    equivalent, and decoding those images on one CPU thread of the main process would be slower
-    than decoding them in the workers: refuse, naming the step."""
-    from fastloader.image.gpu_decode import GPU_FILTERS
-
-    for step in fused.steps:
-        interpolation = getattr(step, "interpolation", None)
-        if interpolation is not None and interpolation not in GPU_FILTERS:
-            raise ValueError(
-                f"device={device!r} resizes on the GPU with {', '.join(sorted(set(GPU_FILTERS)))};"
-                f" {step!r} asks for {interpolation!r}: choose one of those, or decode on the CPU"
-            )
+def _tensor(image: Any) -> Any:
+    """H×W×3 pixels as a C×H×W tensor (a view); anything else (an encoded image, None) as it is."""
+    return torch.from_numpy(image).permute(2, 0, 1) if isinstance(image, np.ndarray) else image

@@ -134,9 +134,32 @@ class ErrorPolicy:
     ) -> R | None:
         """``produce(index)`` under the policy: its value, a substitute's (replace, or skip where a
         sample cannot be dropped), None (skip), or raise."""
-        first = self._attempt(index, key, produce)
-        if first is not None:
-            return first[0]
+        if not self.is_excluded(index):  # listed by `fastloader scan`: not read again
+            try:
+                return produce(index)
+            except Exception as error:  # noqa: BLE001 - any failure of one sample is that sample's, by policy
+                return self.recover(index, key, error, produce, allow_skip)
+        return self._instead(index, key, produce, allow_skip)
+
+    def recover(
+        self,
+        index: int,
+        key: Callable[[int], str],
+        error: Exception,
+        produce: Callable[[int], R],
+        allow_skip: bool = True,
+    ) -> R | None:
+        """Sample ``index`` failed with ``error`` (in the dataset, or later: the GPU decoder): record it,
+        then as the policy says: raise ``error``, None (skip, where ``allow_skip``), or the value of
+        ``produce`` for the first substitute it does not fail on (replace)."""
+        self.record(index, _safe_key(key, index), error)
+        if self.mode == "raise":
+            raise error
+        return self._instead(index, key, produce, allow_skip)
+
+    def _instead(
+        self, index: int, key: Callable[[int], str], produce: Callable[[int], R], allow_skip: bool
+    ) -> R | None:
         if self.mode == "skip" and allow_skip:
             return None
         for candidate in self.substitutes(index):
@@ -144,7 +167,8 @@ class ErrorPolicy:
             if result is not None:
                 return result[0]
         raise TooManyBadSamples(
-            f"sample {index} ({key(index)}) and the {_MAX_TRIES} after it are all bad (listed in {self.quarantine})"
+            f"sample {index} ({_safe_key(key, index)}) and the {_MAX_TRIES} after it are all bad"
+            f" (listed in {self.quarantine})"
         )
 
     def _attempt(self, index: int, key: Callable[[int], str], produce: Callable[[int], R]) -> tuple[R] | None:

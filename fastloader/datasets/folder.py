@@ -34,7 +34,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index
+from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.folder_index import (
     FOLDER_KIND,
     FORMAT_VERSION,
@@ -49,12 +49,12 @@ from fastloader.datasets.folder_index import (
     parse_file_list,
     scan_folder,
 )
-from fastloader.errors import FormatError
+from fastloader.datasets.handles import ProcessLocal
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, read_index, string_at
-from fastloader.loader.stage_clock import timed
 from fastloader.storage import check_regular_file, read_regular_file
+from fastloader.timing import timed
 
 PathLike = str | os.PathLike[str]
 

@@ -3,7 +3,7 @@
 Scanning 10M files takes minutes locally and tens of minutes on a network filesystem, and a list of
 10M ``(path, label)`` tuples costs GBs in every worker. So a scan (or a list file's parse) is turned
 into numpy arrays (keys as one UTF-8 blob plus int64 offsets, int64 labels), written once with
-:func:`~fastloader.index_file.write_index`, and from then on loaded by every run and every rank as
+:func:`~fastloader.formats.index_file.write_index`, and from then on loaded by every run and every rank as
 an ``mmap``: no per-entry work, no per-entry Python objects.
 
 Where the index lives: ``index_path`` when given, else :func:`~fastloader.storage.sidecar_path` of

@@ -37,11 +37,13 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, decode_pil
-from fastloader.errors import FormatError
+from fastloader.datasets.base import ImageDataset
+from fastloader.datasets.handles import ProcessLocal
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField, decode_value
 from fastloader.formats import lmdb_records as records
+from fastloader.formats.field_values import decode_value
+from fastloader.image.pil import decode_pil
 
 # With lock=False LMDB keeps no reader table, so this only matters to a caller that opens the
 # same files with locking; it is set high so that many loader workers never exhaust it.
@@ -170,7 +172,7 @@ def _source_handle(path: str, meta: records.LMDBMeta) -> _Handle:
 
 class LMDBSource:
     """The images of a fastloader LMDB, as a :class:`~fastloader.datasets.base.Source`, and their
-    fields as a :class:`~fastloader.fields.values.FieldSource` (a pack with fields).
+    fields as a :class:`~fastloader.fields.source.FieldSource` (a pack with fields).
 
     ``verify_checksums=True`` checks every record's CRC32C on read (a few % of CPU; ``fastloader
     verify`` checks them all at once instead). ``classes`` holds the class names the pack recorded,

@@ -40,7 +40,7 @@ Columns:
   bytes (a second Hugging Face image -> image), string -> text, integers and bool -> int, floats ->
   float, lists of numbers -> array (1-D, of the list's value type), structs, maps and other lists ->
   json, dates / times / decimals -> text (``str`` of the value). Columns of other types (null,
-  union) are not fields. A null is a :class:`~fastloader.fields.values.MissingField` naming the key
+  union) are not fields. A null is a :class:`~fastloader.errors.MissingField` naming the key
   and column. Files written by ``fastloader pack --format parquet`` say in their schema metadata
   what each column holds (``fastloader.formats.parquet_pack``), which wins: names, kinds and values
   read back exactly as packed.
@@ -56,13 +56,14 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
+from fastloader.datasets.base import ImageDataset, check_index
+from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
+from fastloader.image.pil import decode_pil
 
 _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; others are reopened as needed
 DEFAULT_CACHE_ROW_GROUPS = 4  # ShardWindowSampler's default window
@@ -118,20 +119,23 @@ def footer_rows(path: str) -> int:
         raise _unreadable(path, error) from None
 
 
+def _close(opened: tuple[Any, Any]) -> None:
+    opened[1].close()  # the memory map; buffers still in use keep their mapping
+
+
 class _OpenFiles:
     """Per process: the memory-mapped files and the row groups last read (see the module docstring)."""
 
     def __init__(self, paths: list[str], cache_row_groups: int, verify_checksums: bool, max_decode: int) -> None:
         self._paths, self._keep, self._verify, self._max_decode = paths, cache_row_groups, verify_checksums, max_decode
-        self._files: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # file -> (ParquetFile, memory map)
+        self._files = OpenHandles(self._open, _close, _MAX_OPEN_FILES)  # file -> (ParquetFile, memory map)
         self._groups: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()  # -> column -> ChunkedArray
         self.reads = 0  # column chunks read (row group x column), for cache_info()
 
     def parquet_file(self, file: int) -> Any:
-        opened = self._files.get(file)
-        if opened is not None:
-            self._files.move_to_end(file)
-            return opened[0]
+        return self._files.get(file)[0]
+
+    def _open(self, file: int) -> tuple[Any, Any]:
         pa, pq = import_pyarrow()
         path = self._paths[file]
         try:
@@ -146,10 +150,7 @@ class _OpenFiles:
         except BaseException:
             mapped.close()
             raise
-        self._files[file] = (parquet, mapped)
-        if len(self._files) > _MAX_OPEN_FILES:
-            self._files.popitem(last=False)[1][1].close()  # buffers still in use keep their mapping
-        return parquet
+        return parquet, mapped
 
     def column(self, file: int, group: int, spec: Column, rows: int) -> Any:
         """The column of ``spec`` in row group ``group`` of ``file`` (``rows`` rows), read once; a
@@ -220,7 +221,7 @@ class _OpenFiles:
 
 
 class ParquetSource:
-    """A :class:`~fastloader.datasets.base.Source` and :class:`~fastloader.fields.values.FieldSource`
+    """A :class:`~fastloader.datasets.base.Source` and :class:`~fastloader.fields.source.FieldSource`
     over Parquet files (see the module docstring for the columns and the costs).
 
     ``pattern``: a file, a directory (its sorted ``*.parquet``, or a ``fastloader pack --format

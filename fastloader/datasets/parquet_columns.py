@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import decode_value
+from fastloader.formats.field_values import decode_value
 from fastloader.formats.parquet_pack import PACK_FORMAT, SCHEMA_META_KEY, import_pyarrow
 
 _IMAGE_NAMES = ("image", "jpg", "jpeg", "png", "webp", "img")

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
-from fastloader.errors import FormatError
+from fastloader.datasets.base import ImageDataset, check_index
+from fastloader.datasets.handles import ProcessLocal
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index
 from fastloader.formats.recordio import (
     IR_HEADER_SIZE,
@@ -50,6 +50,7 @@ from fastloader.formats.recordio import (
     scan_offsets,
     unpack_header,
 )
+from fastloader.image.pil import decode_pil
 from fastloader.storage import open_regular, sidecar_path
 
 INDEX_KIND = "recordio"

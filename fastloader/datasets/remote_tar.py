@@ -11,7 +11,7 @@ pattern, a glob or a list of URLs names the shards (``s3://data/train-{000000..0
   under two prefixes, or an object replaced by another of the same size, never share an index; the
   shard cache keeps its bytes under it too. Every read of a shard is pinned to that ETag (``If-Match``,
   and the response's ETag checked): an object replaced after this dataset indexed it is an
-  :class:`~fastloader.remote.retry.ObjectChanged` naming it, never bytes read through the old index.
+  :class:`~fastloader.errors.ObjectChanged` naming it, never bytes read through the old index.
 * **Indexes.** A shard's index comes from the ``.fl-idx`` object beside the shard when there is one (a
   small GET), else from the shard itself, fetched once into the shard cache and walked as a local shard
   is. The catalog of all shards is then built as for local shards. An
@@ -42,8 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fastloader.datasets.base import ProcessLocal
-from fastloader.datasets.tar import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
+from fastloader.datasets.handles import ProcessLocal
+from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
@@ -61,7 +61,7 @@ from fastloader.remote.shard_cache import ShardCache
 from fastloader.remote.url import S3Url
 from fastloader.storage import atomic_write_bytes, cache_dir
 
-DEFAULT_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
+DEFAULT_SHARD_CACHE_LIMIT = 16 << 30  # bytes of shards kept on local disk
 PREFETCH_THREADS = 2  # shards fetched ahead at once, by the training process
 
 
@@ -100,9 +100,10 @@ def _identity_name(url: S3Url, etag: str) -> str:
 class RemoteTarShardSource(CatalogSource):
     """A :class:`~fastloader.datasets.base.Source` over tar shards under an ``s3://`` prefix (module docstring).
 
-    ``cache`` / ``cache_limit``: the shard cache's directory (default ``$FASTLOADER_CACHE/s3-shards``, one
-    for every dataset of the machine) and its size limit in bytes. ``store``: the client (default: an
-    :class:`~fastloader.remote.s3.S3Store` on ``endpoint_url`` or the environment's).
+    ``shard_cache`` / ``shard_cache_limit``: the shard cache's directory (default
+    ``$FASTLOADER_CACHE/s3-shards``, one for every dataset of the machine) and its size limit in bytes.
+    ``store``: the client (default: an :class:`~fastloader.remote.s3.S3Store` on ``endpoint_url`` or the
+    environment's).
     """
 
     def __init__(
@@ -111,13 +112,14 @@ class RemoteTarShardSource(CatalogSource):
         *,
         image_exts: Sequence[str] | None = None,
         endpoint_url: str | None = None,
-        cache: str | os.PathLike[str] | None = None,
-        cache_limit: int = DEFAULT_CACHE_LIMIT,
+        shard_cache: str | os.PathLike[str] | None = None,
+        shard_cache_limit: int = DEFAULT_SHARD_CACHE_LIMIT,
         store: S3Store | None = None,
     ) -> None:
         self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
         self.store = store or S3Store(endpoint_url)
-        self.cache = ShardCache(cache if cache is not None else cache_dir() / "s3-shards", cache_limit)
+        directory = shard_cache if shard_cache is not None else cache_dir() / "s3-shards"
+        self.shard_cache = ShardCache(directory, shard_cache_limit)
         self.classes: list[str] | None = None
         recorded: dict[str, FieldMember] = {}
         if isinstance(url, str) and not names_objects(url):
@@ -128,7 +130,7 @@ class RemoteTarShardSource(CatalogSource):
             named, objects = expand_remote_pattern(url, self.store)
             shards = [_Shard(where, info.size, info.etag) for where, info in named]
         self.shards = tuple(str(shard.url) for shard in shards)
-        locate = _CachedShards(self.store, self.cache, tuple(shards))
+        locate = _CachedShards(self.store, self.shard_cache, tuple(shards))
         indexes = [self._index(shard, objects, locate, number) for number, shard in enumerate(shards)]
         self._attach(self._load_catalog(shards, indexes), locate, recorded)
         self._locate = locate
@@ -250,4 +252,4 @@ class RemoteTarShardSource(CatalogSource):
 
     def stats(self) -> dict[str, Any]:
         """The shard cache's bytes now and its limit."""
-        return {"cache_bytes": self.cache.used(), "cache_limit": self.cache.limit}
+        return {"shard_cache_bytes": self.shard_cache.used(), "shard_cache_limit": self.shard_cache.limit}

@@ -17,7 +17,7 @@ exactly those features as those kinds instead: ``bytes``/``image`` (the one valu
 (a numeric list) or ``json`` (any list as a JSON list; a bytes list's values as UTF-8 strings).
 
 A record whose feature lacks a value (an empty list where one value is wanted, or no list set)
-lacks the field (:class:`~fastloader.fields.values.MissingField`). A list of several values where
+lacks the field (:class:`~fastloader.errors.MissingField`). A list of several values where
 one is wanted is a FormatError naming the record and feature: a list of bytes is no field kind,
 so a multi-valued bytes feature (``image/object/class/text`` of a detection dataset) is read as
 ``json`` (``field_kinds=...``) or not at all.
@@ -31,21 +31,22 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
 import numpy as np
 
-from fastloader.datasets.base import ImageDataset, ProcessLocal, check_index, decode_pil
-from fastloader.errors import FormatError
+from fastloader.datasets.base import ImageDataset, check_index
+from fastloader.datasets.handles import OpenHandles, ProcessLocal
+from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
-from fastloader.fields.values import MissingField, check_kind
+from fastloader.formats.field_values import check_kind
 from fastloader.formats.index_file import read_index
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.protobuf import Feature, parse_example
 from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, default_index_path, load_index, read_record
+from fastloader.image.pil import decode_pil
 from fastloader.storage import open_regular
 
 # Each open shard costs a data descriptor and two index mmaps (each holds a descriptor): bound them,
@@ -56,7 +57,7 @@ _MAX_OPEN_SHARDS = 64
 class _OpenShard:
     def __init__(self, path: str, index_path: str) -> None:
         self.fd = open_regular(path)
-        weakref.finalize(self, os.close, self.fd)
+        self.close = weakref.finalize(self, os.close, self.fd)  # called when evicted, or when collected
         self.size = os.fstat(self.fd).st_size
         arrays = read_index(index_path, INDEX_KIND, INDEX_VERSION).arrays
         self.offsets, self.lengths = arrays["offsets"], arrays["lengths"]
@@ -69,24 +70,24 @@ class _OpenShards:
 
     def __init__(self, paths: Sequence[str], index_paths: Sequence[str]) -> None:
         self._paths, self._index_paths = paths, index_paths
-        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self.open = OpenHandles(self._open, _close, _MAX_OPEN_SHARDS)
         self.last: tuple[int, int, memoryview] | None = None
         self.parsed: tuple[int, dict[str, Feature]] | None = None
 
     def get(self, shard: int) -> _OpenShard:
-        opened = self._open.get(shard)
-        if opened is None:
-            if len(self._open) >= _MAX_OPEN_SHARDS:
-                self._open.popitem(last=False)  # its finalizer closes the descriptor
-            opened = self._open[shard] = _OpenShard(self._paths[shard], self._index_paths[shard])
-        else:
-            self._open.move_to_end(shard)
-        return opened
+        return self.open.get(shard)
+
+    def _open(self, shard: int) -> _OpenShard:
+        return _OpenShard(self._paths[shard], self._index_paths[shard])
+
+
+def _close(shard: _OpenShard) -> None:
+    shard.close()
 
 
 class TFRecordSource:
     """A :class:`~fastloader.datasets.base.Source` over TFRecord shards, and a
-    :class:`~fastloader.fields.values.FieldSource` of their other features (see the module docstring).
+    :class:`~fastloader.fields.source.FieldSource` of their other features (see the module docstring).
 
     ``pattern``: a path, ``train-{00000..01023}.tfrecord``, ``train-*.tfrecord`` or a list.
     ``index_paths``: where each shard's index lives (default: beside it, or in the cache directory).

@@ -7,3 +7,9 @@
 * ``report_html.py`` (charts in ``svg_charts.py``): the self-contained HTML report;
 * ``bench.py``: torch's stock loader against DataLoaderX on the same data, as a ratio.
 """
+
+from fastloader.doctor.bench import bench
+from fastloader.doctor.checkup import checkup
+from fastloader.doctor.report_html import write_report
+
+__all__ = ["bench", "checkup", "write_report"]

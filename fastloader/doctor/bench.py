@@ -134,7 +134,7 @@ def _datasets(path: str, src_format: str, root: str | None, pipeline: str) -> tu
     from torchvision import transforms as tv
 
     from fastloader.datasets import ImageDataset, ImageFolder
-    from fastloader.pack.engine import open_source
+    from fastloader.datasets.sources import open_source
 
     source, kind = open_source(path, src_format, root=root)  # names the path when it cannot be read
     ours = fastloader_transform(pipeline)

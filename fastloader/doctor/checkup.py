@@ -43,7 +43,7 @@ def checkup(
     """Measure ``path`` with this pipeline; the result is what ``fastloader doctor --json`` prints."""
     from fastloader import DataLoaderX
     from fastloader.datasets import ImageDataset
-    from fastloader.pack.engine import open_source
+    from fastloader.datasets.sources import open_source
 
     source, kind = open_source(path, src_format, root=root)
     if len(source) == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastloader.loader.stage_clock import STAGES
+from fastloader.timing import STAGES
 
 _NUMBER = {"type": ["number", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}

@@ -1,7 +1,8 @@
 """Samples beyond ``(image, label)``: named fields of seven kinds, read from every format.
 
-``values.py`` holds the kinds and their exact encodings (what ``fastloader pack`` writes into any
-format; sources that carry fields implement :class:`FieldSource`); ``specs.py`` what a dataset's
+The kinds and their exact encodings are a byte layout (``fastloader.formats.field_values``: what
+``fastloader pack`` writes into any format); ``source.py`` is the protocol of a source that carries
+fields (:class:`FieldSource`) and how to read them; ``specs.py`` what a dataset's
 ``fields=`` may ask for (names, :class:`Mask`, :class:`Boxes`); ``reader.py`` reads them for one
 sample and moves masks and boxes with the image; ``listing.py`` is ``fastloader fields SRC``::
 
@@ -13,7 +14,9 @@ sample and moves masks and boxes with the image; ``listing.py`` is ``fastloader 
                                                       labels="annotations.*.category_id")})
 """
 
+from fastloader.errors import MissingField
+from fastloader.fields.source import FieldSource, field_kinds, read_fields
 from fastloader.fields.specs import Boxes, Mask
-from fastloader.fields.values import KINDS, FieldSource, MissingField, field_kinds, read_fields
+from fastloader.formats.field_values import KINDS
 
-__all__ = ["KINDS", "Boxes", "FieldSource", "Mask", "MissingField", "field_kinds", "read_fields"]
+__all__ = ["Boxes", "FieldSource", "KINDS", "Mask", "MissingField", "field_kinds", "read_fields"]

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.fields.values import MissingField, aliases, field_kinds
+from fastloader.errors import MissingField
+from fastloader.fields.source import aliases, field_kinds
 
 _WIDTH = 70
 

@@ -9,32 +9,26 @@ the source image's geometry (:meth:`FieldReader.read`), then follow the image's 
 
 from __future__ import annotations
 
-import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastloader.errors import DecodeError, FormatError
+from fastloader.errors import FormatError
 from fastloader.fields.specs import Boxes, Layout, Output
 from fastloader.image.annotations import follow_boxes, follow_mask, keep_boxes, to_xyxy
-from fastloader.image.decode import check_pixels
 from fastloader.image.geometry import CropPlan
+from fastloader.image.pil import check_pixels, decode_errors, open_image
 
 
 def decode_mask(data: bytes, key: str) -> np.ndarray:
     """A mask image's values as stored: palette indices, 8 / 16-bit levels or channels; never converted."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image: Image.Image = Image.open(io.BytesIO(data))
-        check_pixels(*image.size, key)
+    with decode_errors(key, "the mask"):
+        image = open_image(data)
+        width, height = image.size
+        check_pixels(width, height, key)
         image.load()
-    except DecodeError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"{key}: cannot decode the mask ({type(error).__name__}: {error})") from error
     if image.mode == "1":
         image = image.convert("L")
     return np.array(image)  # writable: torch tensors are made of it
@@ -113,6 +107,18 @@ class FieldReader:
                 labels = None if labels is None else labels.as_subclass(torch.Tensor)[keep]
             values[output.name] = boxes if spec.labels is None else {"boxes": boxes, "labels": labels}
 
+    def move(
+        self, values: dict[str, Any], image: Any, plan: CropPlan | None, transforms: Sequence[Callable[[Any], Any]]
+    ) -> Any:
+        """Move the masks and boxes of ``values`` with the image (in place): along its crop plan when the
+        image went through fused steps, then through ``transforms`` (torchvision v2 ones move them with
+        the image; see :func:`transform_with`), then :meth:`finish`. Returns the image after ``transforms``."""
+        if plan is not None:
+            self.follow(values, plan)
+        image = transform_with(transforms, image, values, self.layout)
+        self.finish(values)
+        return image
+
     def _boxes(self, index: int, output: Output, source_size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
         spec: Boxes = output.spec  # type: ignore[assignment]
         where = f"{self.source.key(index)}: field {spec.name!r}"
@@ -182,3 +188,49 @@ def to_tv_tensors(values: Mapping[str, Any], layout: Layout, canvas: tuple[int, 
             boxes = tv_tensors.BoundingBoxes(value["boxes"], format="XYXY", canvas_size=canvas)
             wrapped[output.name] = {**value, "boxes": boxes}
     return wrapped
+
+
+def transform_with(
+    transforms: Sequence[Callable[[Any], Any]], image: Any, values: dict[str, Any], layout: Layout
+) -> Any:
+    """Apply ``transforms`` to the image; torchvision v2 ones also to the masks and boxes of ``values``
+    (as ``tv_tensors``), which they move with it. Others see the image only."""
+    if not transforms:
+        return image
+    if image is None:
+        raise ValueError(f"{list(transforms)!r}: masks or boxes with this transform need the image in fields")
+    geometric = [t for t in transforms if not _is_v2(t)]
+    if not isinstance(image, torch.Tensor) and geometric:
+        raise ValueError(
+            f"masks and boxes move with the image through fastloader transforms or torchvision.transforms.v2 ones;"
+            f" {geometric[0]!r} is neither (it would move the pixels and leave the annotations behind)"
+        )
+    annotations = to_tv_tensors(values, layout, _canvas(image))
+    for transform in transforms:
+        if _is_v2(transform):
+            image, annotations = transform(image, annotations)  # type: ignore[call-arg]
+        else:
+            image = transform(image)
+    for name, value in annotations.items():
+        values[name] = value
+    return image
+
+
+def _is_v2(transform: Any) -> bool:
+    """A torchvision v2 transform (it moves tv_tensors masks and boxes with the image)."""
+    return type(transform).__module__.startswith("torchvision.transforms.v2")
+
+
+def image_size(image: Any) -> tuple[int, int] | None:
+    """(width, height) of a PIL image or a [..., H, W] tensor; None for anything else."""
+    if isinstance(image, torch.Tensor):
+        return int(image.shape[-1]), int(image.shape[-2])
+    size = getattr(image, "size", None)
+    return (int(size[0]), int(size[1])) if isinstance(size, tuple) and len(size) == 2 else None
+
+
+def _canvas(image: Any) -> tuple[int, int]:
+    size = image_size(image)
+    if size is None:
+        raise ValueError(f"cannot tell the size of {type(image).__name__} to move masks and boxes with it")
+    return size[1], size[0]

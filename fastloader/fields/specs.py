@@ -10,7 +10,7 @@ Parquet column, a field of a fastloader pack) or one of these specs:
 
 A name resolves to the transformed image (``"image"`` or the format's name for it: ``"jpg"``,
 ``"image/encoded"``), the label (``"label"``, ``"cls"``, ...; ``target_transform`` applies), or a field
-read as stored (its kind's Python value, see ``fastloader.fields.values``; an image field other than
+read as stored (its kind's Python value, see ``fastloader.formats.field_values``; an image field other than
 the main image is its encoded bytes unless asked for as a :class:`Mask`).
 """
 

@@ -24,7 +24,7 @@ opens it). Its main database holds two kinds of keys:
         4      k: the number of fields the item carries, uint32 (0 .. the pack's field count)
         4 * k  each field's number, uint32: its position in the metadata's ``fields``, strictly increasing
         4 * k  each field's length in bytes, uint32
-        ...    each field's canonical bytes (``fastloader.fields.values.encode_value`` of its kind),
+        ...    each field's canonical bytes (``fastloader.formats.field_values.encode_value`` of its kind),
                in table order, back to back: they end exactly where the value ends
 
   A field the item lacks is simply not in its table. Reading one field is one ``txn.get``, one
@@ -69,8 +69,8 @@ import crc32c
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_kind
 from fastloader.formats import json_text
+from fastloader.formats.field_values import check_kind
 
 FORMAT_NAME = "fastloader-lmdb"
 FORMAT_VERSION = 2  # the newest this fastloader reads and writes

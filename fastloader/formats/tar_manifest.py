@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from fastloader.fields.values import KINDS, check_kind, kind_of_extension
+from fastloader.formats.field_values import KINDS, check_kind, kind_of_extension
 from fastloader.formats.pack_state import PackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS
 

@@ -9,3 +9,20 @@
 ``EncodedImage`` batches with nvJPEG in the main process instead. The user-facing transform classes
 live in ``fastloader.transforms``; datasets (``fastloader.datasets``) call this path.
 """
+
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, collate
+from fastloader.image.decode import ImageHeader, decode_plan, read_header
+from fastloader.image.gpu_decode import GpuDecoder, decode_batch
+from fastloader.image.pil import decode_pil
+
+__all__ = [
+    "EncodedImage",
+    "GpuDecoder",
+    "ImageHeader",
+    "PrecollatedBatch",
+    "collate",
+    "decode_batch",
+    "decode_pil",
+    "decode_plan",
+    "read_header",
+]

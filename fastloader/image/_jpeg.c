@@ -13,7 +13,7 @@
  * last columns as image edges. So when a component is upsampled horizontally with fancy upsampling, we
  * decode one pixel further on each side and drop the edge columns (see plan_columns()).
  *
- * The Python wrapper (fastloader/jpeg_ext.py) turns the returned bytearray into a numpy array; this
+ * The Python wrapper (fastloader/image/jpeg_ext.py) turns the returned bytearray into a numpy array; this
  * file deliberately uses only the plain C API.
  *
  * Threading: the GIL is released while libjpeg runs. Each call creates, uses and destroys its own

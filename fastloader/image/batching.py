@@ -14,12 +14,9 @@ a PrecollatedBatch is a list of ``(image, label)`` pairs, each image a C×H×W v
 With GPU decode (``ImageDataset.set_decode_device("cuda")``) items are ``(EncodedImage, label)``
 and :func:`collate` makes ``[list of EncodedImage, labels]``.
 
-A dataset given ``fields=`` (``fastloader.fields``) returns a :class:`FieldBatch` instead: its
-columns are collated in the worker, each by what it holds. Images and masks of one size are stacked
-(images from the batch buffer, as above); ints become int64 tensors, floats float64 tensors, arrays
-of one shape a stacked tensor; text, JSON, bytes, boxes (a different count per image) and anything
-of varying size stay lists. :func:`collate` gives ``[column, ...]`` for tuple samples and
-``{name: column}`` for dict samples.
+Any batch that is already collated in the worker says so with a ``collated()`` method
+(:class:`Collated`): a dataset given ``fields=`` returns one (``fastloader.fields.batch.FieldBatch``),
+and :func:`collate` hands over what that method gives.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import mmap
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -40,9 +37,6 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 
 from fastloader.image.decode import ImageHeader
 from fastloader.image.geometry import CropPlan
-
-if TYPE_CHECKING:
-    from fastloader.fields.specs import Layout, Output
 
 
 @dataclass(frozen=True)
@@ -108,7 +102,7 @@ def _populate(buffer: torch.Tensor) -> None:
 _populate_works = True
 
 
-def _labels(targets: Sequence[Any]) -> Any:
+def collate_labels(targets: Sequence[Any]) -> Any:
     """int64 labels for int targets; anything else collated as ``default_collate`` would."""
     if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in targets):
         return torch.tensor([int(t) for t in targets], dtype=torch.int64)
@@ -133,69 +127,24 @@ class PrecollatedBatch(list[tuple[torch.Tensor, Any]]):
         images = buffer.permute(0, 3, 1, 2)
         super().__init__(zip(images.unbind(0), targets))
         self.images = images
-        self.labels = _labels(targets)
+        self.labels = collate_labels(targets)
         self._targets = list(targets)
+
+    def collated(self) -> list[Any]:
+        """``[images, labels]``: a list, as default_collate makes of (image, label) pairs."""
+        return [self.images, self.labels]
 
     def __reduce__(self) -> tuple[Callable[..., PrecollatedBatch], tuple[torch.Tensor, list[Any]]]:
         # Pickle the buffer once, not N views of it (each view would share its storage again).
         return PrecollatedBatch, (self.images.permute(0, 2, 3, 1), self._targets)
 
 
-def _row(column: Any, index: int) -> Any:
-    """Sample ``index``'s part of a collated column."""
-    if isinstance(column, (torch.Tensor, list, tuple)):
-        return column[index]
-    if isinstance(column, dict):
-        return {name: _row(value, index) for name, value in column.items()}
-    return column
+@runtime_checkable
+class Collated(Protocol):
+    """A batch collated in the worker (:class:`PrecollatedBatch`, a dataset's batch of fields):
+    ``collated()`` is what the loader receives."""
 
-
-def _same_shape(values: Sequence[Any]) -> bool:
-    return len({(tuple(value.shape), value.dtype) for value in values}) == 1
-
-
-def collate_column(output: Output, values: Sequence[Any]) -> Any:
-    """One column of a :class:`FieldBatch` (see the module docstring)."""
-    if output.role == "label":
-        return _labels(values)
-    if output.role in ("image", "mask") or (output.role == "field" and output.kind == "array"):
-        if all(isinstance(value, (torch.Tensor, np.ndarray)) for value in values) and _same_shape(values):
-            return default_collate(list(values))  # stacked; in a worker, in shared memory
-        return list(values)
-    if output.role == "field" and output.kind in ("int", "float"):
-        return default_collate(list(values))  # int64 / float64
-    return list(values)
-
-
-class FieldBatch(list[Any]):
-    """The samples of a dataset given ``fields=``, holding their collated columns (module docstring).
-
-    ``images``: an optional uint8 (N, H, W, 3) batch buffer holding the image column.
-    """
-
-    def __init__(self, columns: Sequence[Any], names: Sequence[str], as_dict: bool) -> None:
-        self.columns, self.names, self.as_dict = list(columns), tuple(names), as_dict
-        count = len(self.columns[0]) if self.columns else 0
-        rows = [tuple(_row(column, i) for column in self.columns) for i in range(count)]
-        super().__init__([dict(zip(self.names, row)) for row in rows] if as_dict else rows)
-
-    @classmethod
-    def collate(cls, layout: Layout, samples: Sequence[Any], images: torch.Tensor | None = None) -> FieldBatch:
-        """Collate ``samples`` (tuples or dicts, as ``layout`` assembles them); ``images`` replaces the image column."""
-        columns = []
-        for position, output in enumerate(layout.outputs):
-            if output.role == "image" and images is not None:
-                columns.append(images.permute(0, 3, 1, 2))  # N×3×H×W, channels_last memory
-                continue
-            key = output.name if layout.as_dict else position
-            columns.append(collate_column(output, [sample[key] for sample in samples]))
-        return cls(columns, [output.name for output in layout.outputs], layout.as_dict)
-
-    def collated(self) -> Any:
-        return dict(zip(self.names, self.columns)) if self.as_dict else list(self.columns)
-
-    def __reduce__(self) -> tuple[Callable[..., FieldBatch], tuple[list[Any], tuple[str, ...], bool]]:
-        return FieldBatch, (self.columns, self.names, self.as_dict)  # the columns only, not N rows of views
+    def collated(self) -> Any: ...
 
 
 def _collate_encoded(batch: Sequence[EncodedImage], *, collate_fn_map: Any = None) -> list[EncodedImage]:
@@ -206,10 +155,9 @@ _COLLATE_FN_MAP = {**default_collate_fn_map, EncodedImage: _collate_encoded}
 
 
 def collate(batch: Any) -> Any:
-    """``[images, labels]`` of a :class:`PrecollatedBatch` without a copy; else ``default_collate``
-    (which also keeps a batch's :class:`EncodedImage` items as a list, for the GPU decoder)."""
-    if isinstance(batch, PrecollatedBatch):
-        return [batch.images, batch.labels]  # a list, as default_collate makes of (image, label) pairs
-    if isinstance(batch, FieldBatch):
+    """``[images, labels]`` of a :class:`PrecollatedBatch` without a copy, what any other batch
+    collated in the worker holds (``collated()``); else ``default_collate`` (which also keeps a batch's
+    :class:`EncodedImage` items as a list, for the GPU decoder)."""
+    if isinstance(batch, list) and isinstance(batch, Collated):
         return batch.collated()
     return _collate_with(batch, collate_fn_map=_COLLATE_FN_MAP)

@@ -26,28 +26,25 @@ region 0.83-0.96 ms (1.22-1.34x). On 1024x768 photos: torchvision 3.3-3.6 ms, PI
 PIL cannot decode only some rows (stopping libjpeg early reads as a broken stream, which cannot
 be told apart from a truly truncated file), so region decode is the extension's job.
 
-Colour: every image comes out RGB, as :func:`fastloader.datasets.base.decode_pil` makes it
-(grayscale, CMYK, palette and RGBA converted); grayscale is resized before it is converted (the
-same result, a third of the work). Bad data raises :class:`~fastloader.errors.DecodeError`
-naming the key.
+Colour: every image comes out RGB, as ``fastloader.image.pil.decode_pil`` makes it (grayscale, CMYK,
+palette and RGBA converted); grayscale is resized before it is converted (the same result, a third
+of the work). Bad data raises :class:`~fastloader.errors.DecodeError` naming the key
+(``fastloader.image.pil``: PIL's errors, the pixel limit and the RGB conversion, in one place).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-import io
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from fastloader.errors import DecodeError
 from fastloader.image.geometry import CropPlan, FloatBox, visible_region, whole_box
+from fastloader.image.pil import check_pixels, decode_errors, open_image, pixel_limit, to_rgb
 
 _JPEG_SOI = b"\xff\xd8"
 # PIL resampling filter per torchvision interpolation name, and the filter's support radius in
@@ -84,25 +81,6 @@ def is_jpeg(data: bytes | memoryview) -> bool:
     return bytes(data[:2]) == _JPEG_SOI
 
 
-def _pixel_limit() -> int | None:
-    from PIL import Image
-
-    return Image.MAX_IMAGE_PIXELS
-
-
-def check_pixels(width: int, height: int, key: str) -> None:
-    """Refuse, before decoding, an image larger than PIL's ``Image.MAX_IMAGE_PIXELS`` (a decompression
-    bomb: a few KB of file that decode to gigabytes). Raise the limit there to accept larger images."""
-    from PIL import Image
-
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        raise DecodeError(
-            f"{key}: {width}x{height} = {width * height} pixels exceeds the limit of {limit}"
-            " (PIL.Image.MAX_IMAGE_PIXELS; a decompression bomb?)"
-        )
-
-
 @dataclass(frozen=True)
 class ImageHeader:
     """What an encoded image's header says, read once per image (the pixel limit is checked there)
@@ -124,8 +102,8 @@ def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
         except ext.FALLBACK_ERRORS:  # data the extension leaves to PIL (CMYK, 12-bit...) or finds corrupt
             pass  # PIL reads it, or names what is wrong with it
     if header is None:
-        with _decode_errors(key):
-            image = _open(data)
+        with decode_errors(key):
+            image = open_image(data)
             plain = image.format == "JPEG" and image.mode in ("RGB", "L") and ext is None
             header = ImageHeader(int(image.size[0]), int(image.size[1]), plain)
     check_pixels(header.width, header.height, key)
@@ -168,28 +146,9 @@ def decode_plan(
             return out
         except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
             pass
-    with _decode_errors(key):
+    with decode_errors(key):
         _decode_with_pil(data, plan, out, key, checked=header is not None)
     return out
-
-
-@contextlib.contextmanager
-def _decode_errors(key: str) -> Iterator[None]:
-    """Turn what PIL raises for bad data into a DecodeError naming the key."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        yield
-    except DecodeError:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise DecodeError(f"{key}: cannot decode image ({type(error).__name__}: {error})") from error
-
-
-def _open(data: bytes) -> Any:
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data))
 
 
 def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]) -> int:
@@ -205,7 +164,7 @@ def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]
 
 
 def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, checked: bool) -> None:
-    image = _open(data)
+    image = open_image(data)
     width, height = image.size
     if not checked:
         check_pixels(width, height, key)
@@ -223,11 +182,7 @@ def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, che
 
 def _to_rgb_or_gray(image: Any) -> Any:
     """RGB as decode_pil makes it, except grayscale, which is cheaper to resize before converting."""
-    if image.mode in ("RGB", "L"):
-        return image
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # the documented path for palette transparency (no warning)
-    return image.convert("RGB")
+    return image if image.mode == "L" else to_rgb(image)
 
 
 def _decode_with_ext(
@@ -239,7 +194,7 @@ def _decode_with_ext(
         width, height = header.width, header.height
     else:
         width, height, _ = ext.jpeg_info(data)
-        if (limit := _pixel_limit()) is not None and width * height > limit:
+        if (limit := pixel_limit()) is not None and width * height > limit:
             raise ValueError("over the pixel limit")  # the PIL path refuses it, naming the key
     region = visible_region(plan, width, height)
     if region is None:

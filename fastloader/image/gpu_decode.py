@@ -36,12 +36,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastloader.errors import DecodeError, TooManyBadSamples
+from fastloader.errors import DecodeError
 from fastloader.image import batch_rows
 
 _JPEG_SOI = b"\xff\xd8"
@@ -54,6 +55,19 @@ GPU_FILTERS = {
     "bicubic": "bicubic",
 }
 log = logging.getLogger("fastloader")
+
+
+def check_filters(steps: Sequence[Any], device: str) -> None:
+    """GPU decode resizes with nearest, bilinear or bicubic; box, hamming and lanczos have no GPU
+    equivalent, and decoding those images on one CPU thread of the main process would be slower
+    than decoding them in the workers: refuse, naming the step."""
+    for step in steps:
+        interpolation = getattr(step, "interpolation", None)
+        if interpolation is not None and interpolation not in GPU_FILTERS:
+            raise ValueError(
+                f"device={device!r} resizes on the GPU with {', '.join(sorted(set(GPU_FILTERS)))};"
+                f" {step!r} asks for {interpolation!r}: choose one of those, or decode on the CPU"
+            )
 
 
 @dataclass
@@ -82,7 +96,8 @@ class GpuDecoder:
     """Decodes the encoded images of collated batches on ``device`` (see the module docstring).
 
     ``dataset`` and ``collate_fn`` are the loader's: the dataset's error policy decides what a bad
-    image does, and ``replace`` reads and collates its substitute. Without them a bad image raises.
+    image does and counts it (``ErrorPolicy.recover``), and a substitute for ``replace`` is read and
+    collated as the loader would. Without them a bad image raises.
     On a CPU ``device`` the same logic runs with torchvision's CPU decoder (tests, CPU-only machines).
     """
 
@@ -195,48 +210,44 @@ class GpuDecoder:
         raise RuntimeError("GPU decode: found no CUDA stream of its own in the pool")
 
     def _repair(self, batch: Any, column: Any, images: Sequence[Any], bad: list[tuple[int, DecodeError]]) -> Any:
-        """Apply the dataset's error policy to the rows no decoder could read. ``column`` holds the
-        images in ``batch``; None when ``batch`` is the image tensor itself."""
+        """The rows no decoder could read, through the dataset's error policy (the one that decides for the
+        CPU path too, and counts): it raises, drops the row from every column (``skip``) or gives the next
+        good sample, read and decoded here (``replace``). ``column`` holds the images in ``batch``; None
+        when ``batch`` is the image tensor itself."""
         policy = getattr(self._dataset, "error_policy", None)
         if policy is None:
             raise bad[0][1]
+        rows, dropped = len(images), set()
         for row, error in bad:
-            policy.record(_index(images[row]), images[row].key, error)  # counted, quarantined, budget checked
-            if policy.mode == "raise":
-                raise error
-        rows = len(images)
-        if policy.mode == "skip":
-            dropped = {row for row, _ in bad}
-            keep = [i for i in range(rows) if i not in dropped]
-            if column is None:
-                return batch[torch.tensor(keep, dtype=torch.long, device=batch.device)]
-            return batch_rows.keep_rows(batch, rows, keep)
-        for row, _ in bad:
-            single, pixels = self._substitute(images[row], column)
+            substitute = policy.recover(_index(images[row]), self._key, error, partial(self._substitute, column))
+            if substitute is None:  # skipped
+                dropped.add(row)
+                continue
+            single, pixels = substitute
             if column is None:
                 batch[row] = pixels[0]
             else:
                 batch = batch_rows.put_row(batch, rows, row, batch_rows.with_column(single, column, pixels))
-        return batch
+        if not dropped:
+            return batch
+        keep = [i for i in range(rows) if i not in dropped]
+        if column is None:
+            return batch[torch.tensor(keep, dtype=torch.long, device=batch.device)]
+        return batch_rows.keep_rows(batch, rows, keep)
 
-    def _substitute(self, bad: Any, column: Any) -> tuple[Any, torch.Tensor]:
-        """The next good sample after ``bad`` (``replace``): collated as a batch of one, and its image decoded."""
-        dataset = self._dataset
-        policy = dataset.error_policy
+    def _substitute(self, column: Any, candidate: int) -> tuple[Any, torch.Tensor]:
+        """Sample ``candidate`` in place of a bad one: collated as a batch of one, and its image decoded
+        (a DecodeError when it does not decode either: the policy tries the next)."""
         collate = self._collate_fn if self._collate_fn is not None else _collate
-        for candidate in policy.substitutes(_index(bad)):
-            single = collate([dataset[candidate]])
-            encoded = single if column is None else single[column]
-            try:
-                pixels = _decode_on_cpu(encoded[0], self.device).unsqueeze(0)
-            except DecodeError as error:
-                policy.record(_index(encoded[0], candidate), encoded[0].key, error)
-                continue
-            self.counts.on_cpu += 1
-            return single, pixels
-        raise TooManyBadSamples(
-            f"{bad.key} and the samples after it could not be decoded (listed in {policy.quarantine})"
-        )
+        single = collate([self._dataset[candidate]])
+        encoded = single if column is None else single[column]
+        pixels = _decode_on_cpu(encoded[0], self.device).unsqueeze(0)
+        self.counts.on_cpu += 1
+        return single, pixels
+
+    def _key(self, index: int) -> str:
+        """The key of sample ``index`` in the policy's records (the source's, as the CPU path records)."""
+        return str(self._dataset.source.key(index))
 
     def _log_once(self, kind: str, message: str) -> None:
         """Log the first fallback of each kind; the rest are counted (``DataLoaderX.stats()["gpu_decode"]``)."""

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fastloader.errors import CorruptJPEGError, UnsupportedJPEGError
+
 
 def _load_extension() -> Any:
     try:
@@ -41,19 +43,10 @@ __all__ = [
     "LIBJPEG_TURBO_VERSION",
     "MAX_PIXELS",
     "SCALE_DENOMS",
-    "UnsupportedJPEGError",
     "decode",
     "decode_region",
     "jpeg_info",
 ]
-
-
-class UnsupportedJPEGError(NotImplementedError):
-    """A valid JPEG that this decoder does not handle (CMYK, YCCK, 12-bit, ...): decode it with PIL."""
-
-
-class CorruptJPEGError(ValueError):
-    """libjpeg-turbo found the data corrupt (truncated, bad markers): PIL decodes it or names the fault."""
 
 
 # What callers may leave to PIL: the data, never a bug in this path.

@@ -3,3 +3,5 @@
 Each module imports its framework when it is imported itself, never from ``import fastloader``: the
 frameworks are optional dependencies. ``fastloader.integrations.accelerate``: Hugging Face accelerate.
 """
+
+__all__: list[str] = []  # nothing here: import fastloader.integrations.accelerate, which imports accelerate

@@ -31,13 +31,14 @@ from fastloader.loader.epoch_progress import Progress
 from fastloader.loader.nested import iter_tensors
 from fastloader.loader.normalize import Normalizer, NormalizeSpec, NormalizingCollate
 from fastloader.loader.resume import ResumeCursor
-from fastloader.loader.stage_clock import TimedBatch, labelled
+from fastloader.loader.stage_clock import TimedBatch
 from fastloader.loader.stage_stats import Mark, StageStats
 from fastloader.loader.torch_iter import make_iterator
 from fastloader.loader.verdict import Setting, judge
 from fastloader.loader.watchdog import StackDir, report_stall
 from fastloader.loader.worker_state import Delivery
 from fastloader.samplers._epoch import check_nonnegative_int
+from fastloader.timing import labelled
 
 T_co = TypeVar("T_co", covariant=True)
 _QUICK_JOIN_S = 0.5  # how long the training loop waits for a finished producer thread to end

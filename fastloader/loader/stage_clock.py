@@ -3,11 +3,12 @@
 A batch crosses three places, and each records its own stages:
 
 * **the worker** (or the producer thread with ``num_workers=0``): the dataset adds ``read``, ``decode``
-  and ``transform`` seconds to this thread's :func:`tally` as it works (``fastloader.datasets`` do;
-  any other dataset's time shows as ``dataset``); :class:`TimedCollate` wraps the loader's collate_fn,
-  times ``collate`` and ships the batch with its :class:`BatchTiming` in a :class:`TimedBatch`.
-  The fetch starts when the worker unpickles its indices (:class:`StampedIndices`), so the time a
-  worker spends idle, waiting for work, is never counted as work.
+  and ``transform`` seconds to this thread's tally as it works (``fastloader.timing``, the worker
+  half of the clock, which the datasets import; any other dataset's time shows as ``dataset``);
+  :class:`TimedCollate` wraps the loader's collate_fn, times ``collate`` and ships the batch with its
+  :class:`BatchTiming` in a :class:`TimedBatch`. The fetch starts when the worker unpickles its
+  indices (:class:`StampedIndices`), so the time a worker spends idle, waiting for work, is never
+  counted as work.
 * **the hand-off**: unpickling a :class:`TimedBatch` in the main process times its own arrival
   (``handoff``: rebuilding the batch's tensors from shared memory, or unpickling bytes), and torch's
   pin-memory thread calls :meth:`TimedBatch.pin_memory` (``pin``).
@@ -17,7 +18,7 @@ A batch crosses three places, and each records its own stages:
 
 ``perf_counter`` is CLOCK_MONOTONIC on Linux, one clock for every process of the machine. Every stage
 also carries a ``torch.profiler.record_function`` label (``fastloader.read``, ...) while a profiler is
-recording in that process; the check costs nanoseconds, the label itself microseconds. torch's profiler
+recording in that process (``fastloader.timing.labelled``). torch's profiler
 records the thread it was started in: a trace of the training loop shows ``fastloader.wait``; the
 stages of a worker show in a profile taken in that worker (or wherever the dataset runs).
 
@@ -27,77 +28,17 @@ and DataLoaderX's producer thread, which unwraps them.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
-import torch.autograd.profiler as _profiler
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
-WORKER_STAGES = ("read", "decode", "transform", "dataset", "collate")
-MAIN_STAGES = ("handoff", "pin", "h2d")
-LOOP_STAGES = ("wait", "step")
-STAGES = WORKER_STAGES + MAIN_STAGES + LOOP_STAGES
+from fastloader.timing import labelled, tally
 
-
-class _Tally(threading.local):
-    """Seconds the dataset spent in each stage since the last batch was collated, in this thread."""
-
-    def __init__(self) -> None:
-        self.fetch_start: float | None = None
-        self.task: int | None = None  # the place of the batch being fetched in its iteration's order (resume)
-        self.read = 0.0
-        self.decode = 0.0
-        self.transform = 0.0
-
-
-_TALLY = _Tally()
-
-
-def tally() -> _Tally:
-    """This thread's running tally (datasets add to ``read``, ``decode`` and ``transform``)."""
-    return _TALLY
-
-
-def profiling() -> bool:
-    """True while a torch profiler records in this process (then stages carry labels)."""
-    return _profiler._is_profiler_enabled
-
-
-@contextlib.contextmanager
-def labelled(stage: str) -> Iterator[None]:
-    """``record_function("fastloader.<stage>")`` while a profiler records; nothing otherwise."""
-    if not _profiler._is_profiler_enabled:
-        yield
-        return
-    with _profiler.record_function(f"fastloader.{stage}"):
-        yield
-
-
-class timed:
-    """``with timed("read"): ...`` adds the block's seconds to this thread's tally (a dataset stage)
-    and labels it for a recording profiler."""
-
-    __slots__ = ("stage", "start", "label")
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-
-    def __enter__(self) -> None:
-        self.label = _profiler.record_function(f"fastloader.{self.stage}") if _profiler._is_profiler_enabled else None
-        if self.label is not None:
-            self.label.__enter__()
-        self.start = perf_counter()
-
-    def __exit__(self, *exc_info: object) -> None:
-        elapsed = perf_counter() - self.start
-        setattr(_TALLY, self.stage, getattr(_TALLY, self.stage) + elapsed)
-        if self.label is not None:
-            self.label.__exit__(*exc_info)
+_TALLY = tally()  # this module's reference to the worker half's thread-local tally (fastloader.timing)
 
 
 @dataclass

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastloader.loader.stage_clock import LOOP_STAGES, MAIN_STAGES, WORKER_STAGES, BatchTiming
+from fastloader.loader.stage_clock import BatchTiming
+from fastloader.timing import LOOP_STAGES, MAIN_STAGES, WORKER_STAGES
 
 WINDOW = 1024  # recent batches kept for percentiles and the timeline
 _WHERE = {**dict.fromkeys(WORKER_STAGES, "workers"), **dict.fromkeys(MAIN_STAGES, "main process")}

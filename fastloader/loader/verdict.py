@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastloader.loader.stage_clock import MAIN_STAGES, WORKER_STAGES
+from fastloader.timing import MAIN_STAGES, WORKER_STAGES
 
 MODERATE, HIGH = 0.05, 0.20
 NOT_BOUND, MODERATELY, HIGHLY = "not input-bound", "moderately input-bound", "highly input-bound"

@@ -34,7 +34,8 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastloader.loader.stage_clock import TimedBatch, tally
+from fastloader.loader.stage_clock import TimedBatch
+from fastloader.timing import tally
 
 log = logging.getLogger("fastloader")
 WorkerState = Mapping[str, Any]  # {"batches": int, "dataset": ..., "iterator": ..., "rng": ... (raw)}

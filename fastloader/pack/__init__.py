@@ -12,8 +12,9 @@ the same work over a Ray cluster.
 pack. Byte layouts live in ``fastloader.formats``; none of this runs during training.
 """
 
-from fastloader.pack.engine import PackSummary, pack
+from fastloader.pack.engine import pack
 from fastloader.pack.scan import scan
+from fastloader.pack.summary import PackSummary
 from fastloader.pack.verify import verify
 
 __all__ = ["PackSummary", "pack", "scan", "verify"]

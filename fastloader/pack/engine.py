@@ -5,17 +5,15 @@ fastloader LMDB into a fastloader LMDB (default), WebDataset-compatible tar shar
     summary = pack("imagenet/train", "train.lmdb", resize_max_side=512, quality=90)
     print(summary.format_text())
 
-Data flow: a pool of ``workers`` reader processes (default: the usable cores) takes ranges of
-source positions, reads each item, checks that it decodes and re-encodes it when asked. This
-process is the one writer: it takes the results in source order and hands them to the sink
-(``LMDBSink``, ``TarShardSink`` or ``ParquetSink``), which batches commits and owns durability. At most
-``2 * workers + 2`` ranges are in flight, so memory stays bounded when the writer is the slow side.
-The pool is forked before the sink opens its output (an LMDB environment must never cross a fork).
+Three engines, one door (:func:`pack`): the local engine (``fastloader.pack.local``: reader processes
+on this machine, one writer, a sink that owns durability), a pack to ``s3://`` (``fastloader.pack.remote``:
+the local engine into a staging directory, then an upload, the manifest last) and ``engine="ray"``
+(``fastloader.pack.ray_engine``: the local engine's per-item code on a Ray cluster).
 
 Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
-fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues from
-the sink's ``resume_position()``: 0 samples lost, 0 duplicated. A destination holding a pack with
-another fingerprint is a clear error, never a silent mix.
+fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues where
+it stopped: 0 samples lost, 0 duplicated. A destination holding a pack with another fingerprint is a
+clear error, never a silent mix.
 
 Bad inputs never abort a pack: an item that cannot be read, is empty or does not decode is
 skipped with its reason, counted in the summary (grouped by reason) and listed in
@@ -32,276 +30,16 @@ re-encoded at its own size keeps its original bytes when the JPEG would not be s
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib
 import os
-import sys
-import time
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds
-from fastloader.formats import bad_samples
-from fastloader.formats.bad_samples import BadSample
-from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
-from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
-from fastloader.pack.sink import Sink
+from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE
+from fastloader.pack.local import pack_local
+from fastloader.pack.ray_engine import pack_on_ray  # imports Ray only when it runs
+from fastloader.pack.remote import pack_to_remote
+from fastloader.pack.summary import PackSummary
 from fastloader.remote.url import is_remote
-from fastloader.world import usable_cpus
-
-OUTPUT_FORMATS = ("lmdb", "tar", "parquet")
-_KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
-
-
-def detect_source_kind(src: str) -> str:
-    """The source kind ``fastloader pack`` reads from ``src`` (a key of ``SOURCE_KINDS``)."""
-    if os.path.isdir(src):
-        from fastloader.formats.parquet_pack import ParquetPackState
-        from fastloader.formats.tar_manifest import MANIFEST_NAME
-
-        if os.path.exists(os.path.join(src, "data.mdb")):
-            return "lmdb"
-        if os.path.exists(os.path.join(src, MANIFEST_NAME)):
-            return "tar"
-        if ParquetPackState.found_in(src) or any(name.endswith(".parquet") for name in os.listdir(src)):
-            return "parquet"
-        return "folder"
-    name = os.path.basename(src).lower()
-    if name.endswith((".txt", ".csv", ".lst", ".tsv")):
-        return "list"
-    if name.endswith(".rec"):
-        return "recordio"
-    if ".tfrecord" in name or name.endswith(".tfrec"):
-        return "tfrecord"
-    if name.endswith(".tar"):
-        return "tar"
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".mdb", ".lmdb")):
-        return "lmdb"
-    raise ValueError(
-        f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
-        "a .tfrecord pattern, a .tar pattern, .parquet files or a fastloader LMDB (or pass src_format)"
-    )
-
-
-# Where each source kind lives: imported when used (their modules need nothing until then).
-_SOURCE_CLASSES = {
-    "folder": ("fastloader.datasets.folder", "FolderSource"),
-    "list": ("fastloader.datasets.folder", "FileListSource"),
-    "recordio": ("fastloader.datasets.recordio", "RecordIOSource"),
-    "tfrecord": ("fastloader.datasets.tfrecord", "TFRecordSource"),
-    "tar": ("fastloader.datasets.tar", "TarShardSource"),
-    "lmdb": ("fastloader.datasets.lmdb", "LMDBSource"),
-    "parquet": ("fastloader.datasets.parquet", "ParquetSource"),
-}
-SOURCE_KINDS = tuple(_SOURCE_CLASSES)
-
-
-def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
-    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`)."""
-    kind = detect_source_kind(src) if kind == "auto" else kind
-    if kind not in _SOURCE_CLASSES:
-        raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-    module, name = _SOURCE_CLASSES[kind]
-    source_class = getattr(importlib.import_module(module), name)
-    source: Source = source_class(src, root) if kind == "list" else source_class(src)
-    return source, kind
-
-
-@dataclass
-class Counts:
-    packed: int = 0
-    skipped: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-
-
-def hand_over(sink: Sink, item: Prepared, counts: Counts) -> None:
-    """Add a prepared item to the sink, or record why it is skipped."""
-    reason = item.reason
-    if item.data is not None:
-        try:
-            sink.add(item.position, item.key, item.label, item.data, item.fields)
-        except ValueError as error:  # an output that cannot hold this image (tar: an unknown format)
-            reason = f"rejected: {describe_error(error)}"
-        else:
-            counts.packed += 1
-            counts.bytes_in += item.bytes_in
-            counts.bytes_out += len(item.data)
-            return
-    sink.add_skipped(item.position, item.key, reason)
-    counts.skipped += 1
-
-
-def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: str, progress: bool) -> Counts:
-    from tqdm import tqdm
-
-    counts = Counts()
-    name = os.path.basename(dst.rstrip(os.sep))
-    bar = tqdm(total=total, initial=start, unit="img", desc=f"pack {name}", disable=not progress, file=sys.stderr)
-    with bar:
-        for item in items:
-            hand_over(sink, item, counts)
-            if item.data is None:
-                bar.set_postfix(skipped=counts.skipped, refresh=False)
-            bar.update(1)
-    return counts
-
-
-def pack_fingerprint(
-    source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int, fields: dict[str, str]
-) -> dict[str, Any]:
-    total = len(source)
-    picks = sorted({round(i * (total - 1) / (_KEY_SAMPLES - 1)) for i in range(_KEY_SAMPLES)}) if total else []
-    digest = hashlib.sha256("\n".join(source.key(i) for i in picks).encode("utf-8", "surrogateescape")).hexdigest()
-    fingerprint: dict[str, Any] = {
-        "source": {"kind": kind, "count": total, "keys_sha256": digest},
-        "output": output,
-        "resize_max_side": options.resize_max_side,
-        "quality": options.quality,
-    }
-    if output in ("tar", "parquet"):
-        fingerprint["shard_size"] = shard_size
-    if fields:
-        fingerprint["fields"] = fields
-    return fingerprint
-
-
-def _open_sink(
-    dst: str,
-    output: str,
-    fingerprint: dict[str, Any],
-    shard_size: int,
-    commit_every: int,
-    map_size: int,
-    fields: dict[str, str],
-) -> Sink:
-    if output == "lmdb":
-        return LMDBSink(dst, fingerprint, map_size=map_size, commit_every=commit_every, fields=fields)
-    sink: Sink
-    if output == "parquet":
-        from fastloader.pack.parquet_sink import ParquetSink
-
-        sink = ParquetSink(dst, fingerprint, shard_size=shard_size, fields=fields)
-        return sink
-    from fastloader.pack.tar_sink import TarShardSink
-
-    sink = TarShardSink(dst, fingerprint, shard_size=shard_size, fields=fields)
-    return sink
-
-
-def _abandon(sink: Sink) -> None:
-    """Keep what an interrupted pack handed over, if the sink still can, and close it.
-
-    A sink whose write failed refuses the checkpoint (it is poisoned: see ``fastloader.pack.sink``), so
-    what it recorded stays its last durable state; the same command run again resumes from there.
-    """
-    # Already on an error path (a full disk fails these too): the first error is the one to report.
-    with contextlib.suppress(Exception):
-        sink.checkpoint()
-    with contextlib.suppress(Exception):
-        sink.close()
-
-
-def _raise_write_error(error: BaseException, dst: str) -> None:
-    """Name the destination and the remedy when writing failed (a full disk, an unwritable path):
-    LMDB says only "Input/output error", and OSError does not always name the file."""
-    import lmdb
-
-    if isinstance(error, (OSError, lmdb.Error)) and not isinstance(error, FileNotFoundError):
-        raise OSError(
-            getattr(error, "errno", None) or 0,
-            f"{dst}: writing the pack failed ({type(error).__name__}: {error}). Is the disk full or the"
-            " destination unwritable? What was committed is kept, and it is not a complete pack: free"
-            " space and run the same command again to resume.",
-        ) from error
-
-
-def report_path(dst: str | os.PathLike[str]) -> str:
-    """Where the list of skipped items goes: ``<DST>.skipped.tsv``, beside the output."""
-    return os.fspath(dst).rstrip(os.sep) + ".skipped.tsv"
-
-
-def write_report(path: str, skipped: list[BadSample]) -> None:
-    bad_samples.write(path, skipped)
-
-
-@dataclass(frozen=True)
-class PackSummary:
-    """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run.
-
-    ``engine``: ``local`` or ``ray`` (``fastloader.pack.ray_engine``), which also counts the pack's data
-    files (``shards``, ``shards_now`` written by this run; None for the local engine). A Ray pack's
-    ``resumed_from`` is the number of source items earlier runs packed (its shards finish in any order).
-    """
-
-    src: str
-    dst: str
-    format: str
-    total: int  # items in the source
-    resumed_from: int  # the first source position this run handled (0: a fresh pack)
-    packed_now: int  # images this run wrote
-    skipped: tuple[BadSample, ...] = field(default_factory=tuple)
-    bytes_in: int = 0  # encoded bytes of the images this run wrote, as read
-    bytes_out: int = 0  # and as written
-    elapsed_s: float = 0.0
-    report_path: str | None = None
-    engine: str = "local"
-    shards: int | None = None
-    shards_now: int | None = None
-
-    @property
-    def packed(self) -> int:
-        return self.total - len(self.skipped)
-
-    @property
-    def images_per_s(self) -> float:
-        return (self.total - self.resumed_from) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def skipped_by_reason(self) -> dict[str, int]:
-        """BadSample items counted by reason (its kind and exception type, e.g. ``undecodable: OSError``)."""
-        return dict(Counter(": ".join(item.reason.split(": ", 2)[:2]) for item in self.skipped).most_common())
-
-    def format_text(self) -> str:
-        mb_in, mb_out = self.bytes_in / 1e6, self.bytes_out / 1e6
-        lines = [f"packed {self.packed:,} of {self.total:,} images into {self.dst} ({self.format})"]
-        if self.resumed_from == self.total:
-            lines.append("  already complete: nothing to do")
-        elif self.resumed_from and self.engine == "ray":
-            lines.append(f"  resumed: {self.resumed_from:,} items were packed by an earlier run")
-        elif self.resumed_from:
-            lines.append(f"  resumed at item {self.resumed_from:,}")
-        lines.append(
-            f"  this run: {self.packed_now:,} images in {self.elapsed_s:.1f} s ({self.images_per_s:,.0f} images/s), "
-            f"read {mb_in:,.1f} MB, wrote {mb_out:,.1f} MB"
-        )
-        if self.shards is not None:
-            now = self.shards_now or 0
-            lines.append(f"  engine {self.engine}: {self.shards:,} shards, {now:,} written by this run")
-        if self.skipped:
-            lines.append(f"  skipped {len(self.skipped):,} (listed in {self.report_path}):")
-            lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        extra = {"packed": self.packed, "images_per_s": self.images_per_s, "by_reason": self.skipped_by_reason()}
-        return {**asdict(self), **extra}
-
-
-def check_options(output: str, resize_max_side: int | None, quality: int | None, workers: int | None) -> None:
-    if output not in OUTPUT_FORMATS:
-        raise ValueError(f"format must be one of {', '.join(OUTPUT_FORMATS)}, got {output!r}")
-    if resize_max_side is not None and (not isinstance(resize_max_side, int) or resize_max_side < 1):
-        raise ValueError(f"resize_max_side must be a positive integer or None, got {resize_max_side!r}")
-    if quality is not None and (not isinstance(quality, int) or not 1 <= quality <= 100):
-        raise ValueError(f"quality must be an integer from 1 to 100 or None, got {quality!r}")
-    if workers is not None and (not isinstance(workers, int) or workers < 0):
-        raise ValueError(f"workers must be a non-negative integer or None, got {workers!r}")
 
 
 def pack(
@@ -325,8 +63,8 @@ def pack(
 
     ``format``: ``lmdb`` (default), ``tar`` or ``parquet`` (files of ``shard_size`` items); ``dst`` may be an
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
-    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path
-    (default: guessed, see ``detect_source_kind()``); ``root``: the base of a file list's
+    (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path (default:
+    guessed, see ``fastloader.datasets.sources.detect_source_kind()``); ``root``: the base of a file list's
     relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
     size (it grows by itself). A progress bar goes to stderr when ``progress``.
 
@@ -335,80 +73,22 @@ def pack(
     ``fastloader.pack.ray_engine``.
     """
     dst = os.fspath(dst)
+    # What every engine takes; each adds its own (LMDB's commit_every and map_size, Ray's address).
+    common: dict[str, Any] = {
+        "resize_max_side": resize_max_side,
+        "quality": quality,
+        "workers": workers,
+        "progress": progress,
+        "src_format": src_format,
+        "root": root,
+        "shard_size": shard_size,
+    }
     if engine == "ray":
-        from fastloader.pack.ray_engine import pack_on_ray
-
-        return pack_on_ray(
-            src,
-            dst,
-            format=format,
-            resize_max_side=resize_max_side,
-            quality=quality,
-            workers=workers,
-            progress=progress,
-            src_format=src_format,
-            root=root,
-            shard_size=shard_size,
-            ray_address=ray_address,
-        )
+        return pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
     if engine != "local":
         raise ValueError(f"engine must be local or ray, got {engine!r}")
     if ray_address is not None:
         raise ValueError("ray_address is for engine='ray' (pass --engine ray)")
     if is_remote(dst):
-        from fastloader.pack.remote import pack_to_remote
-
-        return pack_to_remote(
-            src,
-            dst,
-            format=format or "tar",
-            resize_max_side=resize_max_side,
-            quality=quality,
-            workers=workers,
-            progress=progress,
-            src_format=src_format,
-            root=root,
-            shard_size=shard_size,
-        )
-    format = format or "lmdb"
-    check_options(format, resize_max_side, quality, workers)
-    options = ReencodeOptions(resize_max_side, quality)
-    if isinstance(src, Source):
-        source, kind, src_name = src, type(src).__name__, type(src).__name__
-    else:
-        src_name = os.fspath(src)
-        source, kind = open_source(src_name, src_format, root=root)
-    workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
-    fields = field_kinds(source)
-    fingerprint = pack_fingerprint(source, kind, format, options, shard_size, fields)
-    started = time.monotonic()
-    with reader_pool(source, options, workers) as pool:
-        sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size, fields)
-        try:
-            start = sink.resume_position()
-            items = prepared(source, options, pool, start, workers)
-            counts = _copy(items, sink, len(source), start, dst, progress)
-            skipped = sink.skipped()
-            classes = getattr(source, "classes", None)
-            sink.finish(None if classes is None else list(classes), {"source": src_name, "source_kind": kind})
-        except BaseException as error:
-            _abandon(sink)
-            _raise_write_error(error, dst)
-            raise
-    report = None
-    if skipped:
-        report = report_path(dst)
-        write_report(report, skipped)
-    return PackSummary(
-        src_name,
-        dst,
-        format,
-        total=len(source),
-        resumed_from=start,
-        packed_now=counts.packed,
-        skipped=tuple(skipped),
-        bytes_in=counts.bytes_in,
-        bytes_out=counts.bytes_out,
-        elapsed_s=time.monotonic() - started,
-        report_path=report,
-    )
+        return pack_to_remote(src, dst, format=format or "tar", **common)
+    return pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)

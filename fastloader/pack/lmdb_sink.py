@@ -42,10 +42,11 @@ import lmdb
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_kind, encode_value
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.bad_samples import BadSample
+from fastloader.formats.field_values import check_kind, encode_value
 from fastloader.pack.sink import normalize_fingerprint
+from fastloader.version import __version__
 
 DEFAULT_MAP_SIZE = 1 << 30
 DEFAULT_COMMIT_EVERY = 256
@@ -285,8 +286,6 @@ class LMDBSink:
 
     def finish(self, classes: list[str] | None, meta: dict[str, Any]) -> None:
         """Write the labels and the metadata (the commit point), then close."""
-        from fastloader import __version__
-
         if self._finished:  # readers open it without locks: a finished pack is never written again
             self.close()
             return

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_kind, check_value, encode_value
+from fastloader.formats.field_values import check_kind, check_value, encode_value
 from fastloader.formats.parquet_pack import (
     IMAGE_COLUMN,
     KEY_COLUMN,

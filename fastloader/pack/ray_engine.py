@@ -43,14 +43,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds
+from fastloader.datasets.sources import open_source
+from fastloader.fields.source import field_kinds
 from fastloader.formats.pack_state import PackState
 from fastloader.formats.tar_manifest import TarPackState
-from fastloader.pack.engine import PackSummary, check_options, open_source, pack_fingerprint, report_path, write_report
+from fastloader.pack.local import check_options, pack_fingerprint
 from fastloader.pack.ray_job import JOB_DIR, JobDir, check_local_destination, checked, commit_local, final_state
 from fastloader.pack.ray_shard import ShardJob, ShardResult, run_task
 from fastloader.pack.readers import ReencodeOptions
 from fastloader.pack.sink import normalize_fingerprint
+from fastloader.pack.summary import PackSummary, report_path, write_report
 from fastloader.remote.url import S3Url, is_remote
 
 MAX_RETRIES = 3  # per task, for a dead worker; an error raised by a task fails the job (run it again)

@@ -44,7 +44,7 @@ from fastloader.formats.pack_state import PackState, ShardRecord
 from fastloader.formats.parquet_pack import PART_PREFIX, ParquetPackState
 from fastloader.formats.tar_manifest import TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX
-from fastloader.pack.engine import Counts, hand_over
+from fastloader.pack.local import Counts, hand_over
 from fastloader.pack.readers import ReencodeOptions, prepare_item
 from fastloader.pack.shard_sink import ShardedSink
 from fastloader.storage import cache_dir

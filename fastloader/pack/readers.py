@@ -1,9 +1,9 @@
 """The reader side of ``fastloader pack``: read each source item, prove it decodes, re-encode it.
 
 A pool of reader processes takes ranges of source positions (``_CHUNK`` at a time) and returns
-:class:`Prepared` items; :func:`prepared` yields them in source order to the single writer in
-``pack.py``. An item that cannot be read, is empty or does not decode becomes a skip with its
-reason: one bad file never aborts a pack of many hours.
+:class:`Prepared` items; :func:`prepared` yields them in source order to the single writer of the
+local engine (``fastloader.pack.local``). An item that cannot be read, is empty or does not decode
+becomes a skip with its reason: one bad file never aborts a pack of many hours.
 
 Without re-encoding every image is still decoded once to prove it whole: JPEGs at 1/8 scale in
 grayscale (libjpeg still parses the whole entropy-coded stream, so a truncated or corrupt file
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fastloader.datasets.base import Source
-from fastloader.fields.values import field_kinds, read_fields
+from fastloader.fields.source import field_kinds, read_fields
+from fastloader.image.pil import open_image, to_rgb
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -58,7 +59,7 @@ def reencode(data: bytes, options: ReencodeOptions) -> bytes:
     """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring)."""
     from PIL import Image
 
-    image: Image.Image = Image.open(io.BytesIO(data))
+    image = open_image(data)
     width, height = image.size
     limit = options.resize_max_side
     shrink = limit is not None and max(width, height) > limit
@@ -71,9 +72,7 @@ def reencode(data: bytes, options: ReencodeOptions) -> bytes:
         # DCT-scale to at least twice the target, then resample: as PIL's thumbnail(reducing_gap=2),
         # indistinguishable from a full decode and several times cheaper.
         image.draft("RGB", (2 * size[0], 2 * size[1]))
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # as decode_pil: the documented path for palette transparency
-    image = image.convert("RGB") if image.mode != "RGB" else image
+    image = to_rgb(image)  # as decode_pil converts at read time
     image.load()
     if image.size != size:
         image = image.resize(size, Image.Resampling.BICUBIC)
@@ -92,7 +91,7 @@ def prepare_item(
     source: Source, position: int, options: ReencodeOptions, kinds: dict[str, str] | None = None
 ) -> Prepared:
     """Read, check and re-encode the item at ``position`` (and read its fields of ``kinds``, the
-    source's :func:`~fastloader.fields.values.field_kinds`); any failure becomes a skip reason."""
+    source's :func:`~fastloader.fields.source.field_kinds`); any failure becomes a skip reason."""
     key = f"#{position}"
     # Errors are caught broadly on purpose: sources and PIL's plugins raise many exception types
     # for bad files, and one bad file must never abort a pack of many hours.

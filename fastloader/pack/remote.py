@@ -35,18 +35,17 @@ import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from fastloader.errors import RemoteError
 from fastloader.formats import json_text
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_SUFFIX, load_shard_index, walk_members
-from fastloader.remote.retry import RemoteError
+from fastloader.pack.local import pack_local
+from fastloader.pack.summary import PackSummary
 from fastloader.remote.s3 import ObjectInfo, S3Store
 from fastloader.remote.url import S3Url
 from fastloader.storage import cache_dir
-
-if TYPE_CHECKING:
-    from fastloader.pack.engine import PackSummary
 
 DIGEST_CHARS = 16  # 64 bits of SHA-256: no two shards of one prefix share a name by chance
 _READ_BYTES = 1 << 20
@@ -187,8 +186,6 @@ def pack_to_remote(
     src: Any, dst: str, *, endpoint_url: str | None = None, keep_staging: bool = False, **options: Any
 ) -> PackSummary:
     """Pack ``src`` as tar shards into ``dst`` (``s3://bucket/prefix``): see the module docstring."""
-    from fastloader.pack.engine import pack
-
     url = S3Url.parse(dst)
     output = options.get("format", "tar")
     if output == "lmdb":
@@ -201,7 +198,7 @@ def pack_to_remote(
     options["format"] = "tar"
     staging = staging_dir(url)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    summary = pack(src, staging, **options)
+    summary = pack_local(src, os.fspath(staging), **options)
     store = S3Store(endpoint_url)
     upload_pack(staging, url, store)
     report = summary.report_path

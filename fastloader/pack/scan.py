@@ -16,9 +16,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from fastloader.datasets.sources import open_source
 from fastloader.formats.bad_samples import BadSample
-from fastloader.pack.engine import open_source, write_report
 from fastloader.pack.readers import ReencodeOptions, prepared, reader_pool
+from fastloader.pack.summary import write_report
 from fastloader.world import usable_cpus
 
 

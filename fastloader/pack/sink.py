@@ -6,7 +6,7 @@ disk) and run again with the same arguments must end with every input exactly on
 duplicated. So:
 
 * A sink is opened with the source's field kinds (``fields``: name -> kind, see
-  ``fastloader.fields.values``), part of the fingerprint; ``add`` gets each item's field values
+  ``fastloader.formats.field_values``), part of the fingerprint; ``add`` gets each item's field values
   (a subset of those names: an item may lack a field) and must keep them exactly.
 * ``add`` / ``add_skipped`` are called with strictly increasing source ``position``\\ s.
 * ``add`` is all-or-nothing: it checks and encodes the whole item first, and raises ValueError,

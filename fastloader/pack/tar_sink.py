@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_value, encode_value
+from fastloader.formats.field_values import check_value, encode_value
 from fastloader.formats.index_file import pack_strings
 from fastloader.formats.tar_manifest import TarPackState, field_members
 from fastloader.formats.tar_shards import IMAGE_EXTS, build_shard_index, default_index_path

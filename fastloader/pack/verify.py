@@ -42,8 +42,8 @@ import lmdb
 import numpy as np
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import decode_value
 from fastloader.formats import lmdb_records as records
+from fastloader.formats.field_values import decode_value
 from fastloader.formats.pack_state import PackState
 
 _MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record regardless
@@ -259,7 +259,7 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
 
 def _tar_sample_problems(source: Any, index: int, fields: list[str]) -> list[str]:
     """Why sample ``index`` is bad: its image unreadable, a field member not of its kind (each named)."""
-    from fastloader.fields.values import MissingField
+    from fastloader.errors import MissingField
 
     found = []
     try:
@@ -287,7 +287,8 @@ def _reason(error: BaseException, where: str) -> str:
 def _parquet_row_problems(source: Any, index: int, kinds: dict[str, str]) -> list[str]:
     """Why row ``index`` is bad: its key, image or label unreadable, a field not of its kind (each named
     ``"<file>#<row> (<key>)"``, as the reader's own errors are)."""
-    from fastloader.fields.values import MissingField, check_value
+    from fastloader.errors import MissingField
+    from fastloader.formats.field_values import check_value
 
     location, key, found = source.location(index), None, []
     try:

@@ -9,3 +9,10 @@
 * ``patterns.py``: brace patterns, globs and lists of ``s3://`` URLs, resolved against listings;
 * ``shard_cache.py``: whole shards on local disk under a size limit, shared by every process of the machine.
 """
+
+from fastloader.remote.retry import RetryPolicy
+from fastloader.remote.s3 import ObjectInfo, S3Store
+from fastloader.remote.shard_cache import ShardCache
+from fastloader.remote.url import S3Url
+
+__all__ = ["ObjectInfo", "RetryPolicy", "S3Store", "S3Url", "ShardCache"]

@@ -7,9 +7,10 @@ signature, no credentials): those raise at once, naming the object.
 
 Waits grow exponentially with full jitter (AWS's advice for many clients hitting one service:
 ``uniform(0, min(cap, base * 2**attempt))``), so the workers of many ranks never retry in step. After
-``attempts`` tries a :class:`RemoteError` names the object, the attempts and the last error.
+``attempts`` tries a :class:`~fastloader.errors.RemoteError` names the object, the attempts and the last error.
 
-No secret ever reaches a message: the text of every error we raise goes through :func:`redact` (the
+No secret ever reaches a message: the text of every error we raise goes through
+:func:`~fastloader.errors.redact` (the
 userinfo of URLs, ``http://user:password@host``, and credentials in query strings), and the
 client's exception is not chained to ours (its text and its own chain may quote the endpoint URL, and
 a worker's traceback travels as text): a RemoteError carries the server's ``status`` and ``code`` instead.
@@ -18,13 +19,13 @@ a worker's traceback travels as text): a RemoteError carries the server's ``stat
 from __future__ import annotations
 
 import logging
-import os
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from fastloader.errors import RemoteError, TruncatedBody, redact
 
 T = TypeVar("T")
 log = logging.getLogger("fastloader")
@@ -42,50 +43,6 @@ _RETRY_CODES = {
     "OperationAborted",
 }
 _RETRY_STATUS = {429, 500, 502, 503, 504}
-
-
-# ``scheme://user:password@host``: everything between the scheme and the last ``@`` of the authority goes
-# (a password may hold an unescaped ``@``).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s\"']*@")
-# Query-string credentials: presigned S3 URLs, SAS-style tokens, passwords.
-_QUERY_SECRET = re.compile(
-    r"(?i)((?:x-amz-(?:signature|credential|security-token)|awsaccesskeyid|signature|sig|token|password|secret)=)"
-    r"[^&\s\"']*"
-)
-
-
-# Secrets of the standard credential chain, removed wherever they appear (no client prints them; belt and braces).
-_SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
-
-
-def redact(text: str) -> str:
-    """``text`` without URL userinfo, query-string credentials or the environment's secret key and session
-    token (each replaced by ``***``)."""
-    text = _QUERY_SECRET.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
-    for name in _SECRET_VARS:
-        value = os.environ.get(name, "")
-        if len(value) >= 8:  # a short value would blank out ordinary words
-            text = text.replace(value, "***")
-    return text
-
-
-class RemoteError(OSError):
-    """A remote read or write that failed for good; the message names the object.
-
-    ``status`` / ``code``: the server's HTTP status and S3 error code when it answered (else None).
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
-        super().__init__(redact(message))
-        self.status, self.code = status, code
-
-
-class ObjectChanged(RemoteError):
-    """An object read through an index is no longer the version that was indexed (replaced or deleted)."""
-
-
-class TruncatedBody(OSError):
-    """A response body shorter (or longer) than the length the request asked for."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +91,8 @@ def is_retryable(error: BaseException) -> bool:
 def with_retries(what: str, attempt: Callable[[], T], policy: RetryPolicy, rng: random.Random | None = None) -> T:
     """``attempt()`` until it succeeds, retrying transient failures; RemoteError naming ``what`` at the end.
 
-    A RemoteError from ``attempt`` (e.g. :class:`ObjectChanged`) is final and passes through as it is."""
+    A RemoteError from ``attempt`` (e.g. :class:`~fastloader.errors.ObjectChanged`) is final and passes
+    through as it is."""
     rng = rng or random.Random()
     for number in range(policy.attempts):
         try:

@@ -13,12 +13,12 @@ client users already have configured, and whole-shard reads are bound by the net
   every GET carries ``If-Match`` and every response's ETag is checked too (for servers that ignore
   the header; SeaweedFS and AWS answer 412); a download is pinned to the ETag it is given (else the one
   a HEAD finds) for its resumes too, so a cut body is never spliced with another version. A replaced
-  or deleted object is an :class:`~fastloader.remote.retry.ObjectChanged` naming it, never bytes of
+  or deleted object is an :class:`~fastloader.errors.ObjectChanged` naming it, never bytes of
   another version.
 * A client is never shared across a fork (botocore's connection pools are not fork-safe): each process
   makes its own on first use, and a pickled store (a spawned worker) carries only its settings.
 * No secret is ever printed: errors name the object and the server's error code, never credentials
-  (see :func:`~fastloader.remote.retry.redact`).
+  (see :func:`~fastloader.errors.redact`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from fastloader.remote.retry import ObjectChanged, RemoteError, RetryPolicy, TruncatedBody, with_retries
+from fastloader.errors import ObjectChanged, RemoteError, TruncatedBody
+from fastloader.remote.retry import RetryPolicy, with_retries
 from fastloader.remote.url import S3Url
 
 CHUNK_BYTES = 1 << 20  # a download's reads and writes

@@ -33,14 +33,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fastloader.errors import CacheStuck
+
 _PART = ".part"
 _LOCKS = ".locks"
 _POLL_S = 0.05
 DEFAULT_WAIT_S = 600.0  # no progress at all for this long: a stuck download (retries give up well before)
-
-
-class CacheStuck(TimeoutError):
-    """A wait in the shard cache saw no progress for ``wait_s`` seconds; the message names the object."""
 
 
 @contextlib.contextmanager
@@ -78,7 +76,7 @@ def _reserved(part_name: str) -> int:
 class ShardCache:
     """Whole objects on local disk under ``root``, at most ``limit`` bytes (see the module docstring).
 
-    ``wait_s``: how long a wait may see no progress before it fails (:class:`CacheStuck`)."""
+    ``wait_s``: how long a wait may see no progress before it fails (:class:`~fastloader.errors.CacheStuck`)."""
 
     def __init__(self, root: str | os.PathLike[str], limit: int, *, wait_s: float = DEFAULT_WAIT_S) -> None:
         if limit <= 0:

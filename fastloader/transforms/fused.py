@@ -4,7 +4,7 @@ Called on **encoded bytes** (what every fastloader dataset hands them), a transf
 :class:`Compose` of them — folds its whole geometric chain into one :class:`CropPlan` drawn from
 the image header (``Resize(256)`` + ``CenterCrop(224)`` is one source box resized once;
 ``RandomResizedCrop`` + ``RandomHorizontalFlip`` is a box and a flip), decodes only what the plan
-needs (:func:`fastloader.decode.decode_plan`), and returns a uint8 C×H×W tensor (a view of H×W×C
+needs (:func:`fastloader.image.decode.decode_plan`), and returns a uint8 C×H×W tensor (a view of H×W×C
 memory, as torchvision's ``pil_to_tensor`` returns).
 
 Called on a ``PIL.Image`` or a tensor, each transform is torchvision's (same parameters, same
@@ -19,7 +19,7 @@ tensor they produce. torchvision's ``ToTensor`` there becomes a uint8 -> float/2
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -35,6 +35,16 @@ from fastloader.image.geometry import (
 )
 
 Size = tuple[int, int]
+
+
+class Decoded(NamedTuple):
+    """What :meth:`fastloader.transforms.FusedTransform.decode_planned` made of one encoded image."""
+
+    header: decode.ImageHeader
+    plan: CropPlan
+    pixels: np.ndarray | None  # H×W×3 uint8; None when only the plan was asked for
+
+
 _ENCODED = (bytes, bytearray, memoryview)
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
@@ -91,11 +101,24 @@ class FusedTransform:
             frame = step._fold(frame, generator)
         return frame.to_plan()
 
-    def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
-        """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""
+    def decode_planned(
+        self, data: bytes, key: str = "<bytes>", out: np.ndarray | None = None, *, pixels: bool = True
+    ) -> Decoded:
+        """Header -> crop plan -> decode: the fused steps on encoded ``data``, the one place they run.
+
+        Pixels are H×W×3 uint8, written into ``out`` when given; ``pixels=False`` stops at the plan (a
+        GPU decodes, or only the plan is wanted). Errors name ``key``."""
         header = decode.read_header(data, key)
         plan = self.plan(header.width, header.height)
-        return decode.decode_plan(data, plan, key, out, fast=not self.exact_decode, header=header)
+        if not pixels:
+            return Decoded(header, plan, None)
+        return Decoded(
+            header, plan, decode.decode_plan(data, plan, key, out, fast=not self.exact_decode, header=header)
+        )
+
+    def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
+        """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""
+        return cast(np.ndarray, self.decode_planned(data, key, out).pixels)  # pixels asked for: never None
 
     def finish(self, image: torch.Tensor) -> Any:
         """Apply the tail to a C×H×W uint8 tensor made by the fused steps."""

@@ -236,3 +236,34 @@ def test_a_quarantine_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> N
     os.mkfifo(tmp_path / "q.fifo")
     with pytest.raises(ValueError, match="quarantine must be a regular file"):
         ErrorPolicy("replace", 10, None, tmp_path / "q.fifo", ())
+
+
+def test_a_failure_found_later_goes_through_the_same_policy(tmp_path: Path) -> None:
+    """recover(): a sample that failed after it was read (the GPU decoder's case) is recorded once, then
+    raised, skipped or replaced by the next good one, as a failure inside the dataset is."""
+    from fastloader.datasets.error_policy import ErrorPolicy
+    from fastloader.errors import DecodeError
+
+    bad = {3, 4}
+
+    def produce(index: int) -> str:
+        if index in bad:
+            raise DecodeError(f"#{index}: cannot decode image")
+        return f"sample {index}"
+
+    def key(index: int) -> str:
+        return f"#{index}"
+
+    error = DecodeError("#3: cannot decode image (on the GPU)")
+    for mode, expected in (("skip", None), ("replace", "sample 5")):
+        policy = ErrorPolicy(mode, 10, quarantine=tmp_path / f"{mode}.tsv")
+        assert policy.recover(3, key, error, produce) == expected
+        found = [(sample.position, sample.reason) for sample in policy.bad_samples()]
+        assert found[0] == (3, "DecodeError: #3: cannot decode image (on the GPU)")
+        assert [position for position, _ in found] == ([3] if mode == "skip" else [3, 4])
+    strict = ErrorPolicy("raise", 10, quarantine=tmp_path / "raise.tsv")
+    with pytest.raises(DecodeError, match="on the GPU"):
+        strict.recover(3, key, error, produce)
+    assert [sample.key for sample in strict.bad_samples()] == ["#3"]
+    with pytest.raises(TooManyBadSamples, match=r"sample 3 \(#3\) and the 16 after it are all bad"):
+        ErrorPolicy("replace", 40, quarantine=tmp_path / "flood.tsv").recover(3, key, error, lambda i: produce(3))

@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader
 from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets.base import ImageDataset
+from fastloader.fields.batch import FieldBatch
 from fastloader.fields.specs import Boxes, Mask
-from fastloader.image.batching import EncodedImage, FieldBatch, collate
+from fastloader.image.batching import EncodedImage, collate
 from tests.fields.scenes import SceneSource, scene
 
 v2 = pytest.importorskip("torchvision.transforms.v2")

@@ -15,8 +15,8 @@ import pytest
 
 from fastloader.datasets.folder import FileListDataset, FileListSource, FolderSource
 from fastloader.datasets.folder_index import FOLDER_KIND, FORMAT_VERSION, IndexMeta
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.index_file import read_index, write_index
 
 

@@ -23,9 +23,10 @@ from torch.utils.data import DataLoader
 
 import fastloader.datasets.parquet as parquet_dataset
 from fastloader.datasets import ParquetDataset, ParquetSource
-from fastloader.datasets.base import Source, decode_pil
-from fastloader.errors import FormatError
-from fastloader.fields.values import FieldSource, MissingField, aliases, field_kinds, read_fields
+from fastloader.datasets.base import Source
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import FieldSource, aliases, field_kinds, read_fields
+from fastloader.image.pil import decode_pil
 from fastloader.samplers import ShardWindowSampler
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from fastloader.datasets.parquet import ParquetDataset, ParquetSource
-from fastloader.errors import DecodeError, FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import DecodeError, FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.pack import verify
 from fastloader.pack.parquet_sink import ParquetSink
 

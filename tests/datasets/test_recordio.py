@@ -15,11 +15,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastloader.datasets.base import Source, decode_pil
+from fastloader.datasets.base import Source
 from fastloader.datasets.recordio import RecordIODataset, RecordIOSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import FieldSource, MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import FieldSource, read_fields
 from fastloader.formats.recordio import RecordIOWriter, multi_label, pack, single_label
+from fastloader.image.pil import decode_pil
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 

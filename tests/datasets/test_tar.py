@@ -16,12 +16,12 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import PILToTensor
 
-import fastloader.datasets.tar as tar_module
+import fastloader.datasets.tar_catalog as tar_catalog
 import fastloader.formats.tar_shards as tar_shards
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.tar import TarShardDataset, TarShardSource
-from fastloader.errors import DecodeError, FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import DecodeError, FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.index_file import read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION
@@ -132,10 +132,10 @@ def test_source_survives_pickling_and_reopens_lazily(tmp_path: Path, monkeypatch
     source = TarShardSource(str(tmp_path / "train-*.tar"))
     source.read(0)
     clone = pickle.loads(pickle.dumps(source))  # as for a spawned worker: handles dropped, reopened
-    monkeypatch.setattr(tar_module, "_MAX_OPEN_SHARDS", 2)  # force descriptors to be recycled
+    monkeypatch.setattr(tar_catalog, "_MAX_OPEN_SHARDS", 2)  # force descriptors to be recycled
     for i in (7, 0, 3, 5, 1, 6):
         assert clone.read(i) == samples[i][2]
-    assert len(clone._files.get()._fds) == 2
+    assert len(clone._files.get().open) == 2
 
 
 def test_image_exts_and_index_paths(tmp_path: Path) -> None:
@@ -276,3 +276,32 @@ def test_a_pack_of_the_previous_version_still_reads(tmp_path: Path, monkeypatch:
     assert [source.source_key(i) for i in range(3)] == ["src/0.png", "src/1.png", "src/2.png"]
     assert source.field_kinds() == {}
     assert read_index(dst / "shard-000000.tar.fl-idx", INDEX_KIND, INDEX_VERSION).meta["member_exts"] == []
+
+
+def test_a_local_dataset_refuses_the_options_of_s3_shards(tmp_path: Path) -> None:
+    write_shards(tmp_path, shards=1, per_shard=2)
+    pattern = str(tmp_path / "train-*.tar")
+    for options in ({"shard_cache": tmp_path / "c"}, {"shard_cache_limit": 1 << 30}, {"endpoint_url": "http://s3"}):
+        with pytest.raises(ValueError, match=f"{next(iter(options))} is for s3:// shards, not local ones"):
+            TarShardDataset(pattern, **options)
+
+
+def test_cache_is_the_cache_of_decoded_images_on_local_shards(tmp_path: Path) -> None:
+    from fastloader import transforms as T
+
+    write_shards(tmp_path, shards=1, per_shard=4)
+    path = tmp_path / "decoded.cache"
+    dataset = TarShardDataset(
+        str(tmp_path / "train-*.tar"), transform=T.Compose([T.Resize(16), T.CenterCrop(16)]), cache=path
+    )
+    first = [dataset[i][0].clone() for i in range(len(dataset))]
+    assert path.is_file()
+    again = TarShardDataset(str(tmp_path / "train-*.tar"), transform=dataset.transform, cache=path)
+    assert all(torch.equal(again[i][0], first[i]) for i in range(len(again)))
+
+
+def test_on_s3_shards_cache_names_shard_cache_and_index_paths_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"the directory of the S3 shard cache is now shard_cache="):
+        TarShardDataset("s3://bucket/train", cache=tmp_path / "c")
+    with pytest.raises(ValueError, match="index_paths is for local shards, not s3:// ones"):
+        TarShardDataset("s3://bucket/train", index_paths=[tmp_path / "a.idx"])

@@ -15,12 +15,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import fastloader.datasets.tfrecord as tfrecord_dataset
-from fastloader.datasets.base import Source, decode_pil
+from fastloader.datasets.base import Source
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import FieldSource, MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import FieldSource, read_fields
 from fastloader.formats.protobuf import Feature, bytes_feature, encode_example, float_feature, int64_feature
 from fastloader.formats.tfrecord import TFRecordWriter
+from fastloader.image.pil import decode_pil
 
 KINDS = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
 
@@ -162,7 +163,7 @@ def test_open_shards_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     source = TFRecordSource(str(tmp_path / "train-*.tfrecord"))
     for i in [0, 9, 4, 2, 7, 1, 8, 5, 3, 6, 0]:
         assert source.read(i) == data[i]
-        assert len(source._local.get()._open) <= 2
+        assert len(source._local.get().open) <= 2
 
 
 # -- processes ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from fastloader import transforms as T
 from fastloader.datasets import ImageDataset
-from fastloader.datasets.base import decode_pil
+from fastloader.image.pil import decode_pil
 from tests.images import image_bytes
 
 SLOW_S = 0.02  # the injected stage's cost per sample

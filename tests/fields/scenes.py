@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.fields.values import MissingField
+from fastloader.errors import MissingField
 
 
 def scene(index: int, width: int = 96, height: int = 72) -> dict[str, Any]:

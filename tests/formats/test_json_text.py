@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import check_value, decode_value, encode_value
+from fastloader.formats.field_values import check_value, decode_value, encode_value
 from fastloader.formats.json_text import MAX_DEPTH, depth_exceeds, dumps, loads
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastloader.datasets.tar import CATALOG_KIND, CATALOG_VERSION, TarShardSource, write_catalog
+from fastloader.datasets.tar import TarShardSource
+from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, write_catalog
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import read_index, write_index
 from fastloader.formats.tar_index_check import check_shard_index

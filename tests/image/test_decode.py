@@ -14,10 +14,10 @@ import torchvision.transforms.functional as tvf
 from PIL import JpegImagePlugin
 
 from fastloader import transforms as T
-from fastloader.datasets.base import decode_pil
-from fastloader.errors import DecodeError
+from fastloader.errors import CorruptJPEGError, DecodeError
 from fastloader.image import decode
 from fastloader.image.geometry import CropPlan
+from fastloader.image.pil import decode_pil
 from tests.transforms import photo_bytes
 
 needs_ext = pytest.mark.skipif(decode._jpeg_ext() is None, reason="fastloader.image.jpeg_ext is not built")
@@ -165,7 +165,7 @@ def test_only_the_datas_fault_falls_back_to_pil(monkeypatch: pytest.MonkeyPatch)
     data = photo_bytes("jpeg", 64, 48)
     plan = CropPlan((0, 0, 64, 48), (24, 32), flip=False)
     truncated = data[:200]
-    with pytest.raises(jpeg_ext.CorruptJPEGError):
+    with pytest.raises(CorruptJPEGError):
         jpeg_ext.decode_region(truncated, (0, 0, 64, 48))
     with pytest.raises(DecodeError, match="broken.jpg"):  # corrupt data: PIL names what is wrong
         decode_module.decode_plan(truncated, plan, "broken.jpg")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastloader.errors import UnsupportedJPEGError
 from fastloader.image import jpeg_ext
 from fastloader.sample import PHOTOS
 
@@ -161,7 +162,7 @@ def test_fast_mode_is_close_and_crops_match_its_full_decode(jpegs: dict[str, byt
 
 def test_cmyk_raises_the_fallback_error() -> None:
     cmyk = encode(photo_crop(64, 48, 1).convert("CMYK"), quality=90)
-    with pytest.raises(jpeg_ext.UnsupportedJPEGError, match="CMYK"):
+    with pytest.raises(UnsupportedJPEGError, match="CMYK"):
         jpeg_ext.decode(cmyk)
     with pytest.raises(NotImplementedError):
         jpeg_ext.decode_region(cmyk, (0, 0, 10, 10))

@@ -11,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from fastloader import DataLoaderX
-from fastloader.loader.stage_clock import BatchTiming, StampedIndices, TimedBatch, TimedCollate, tally
+from fastloader.loader.stage_clock import BatchTiming, StampedIndices, TimedBatch, TimedCollate
 from fastloader.loader.stage_stats import StageStats, percentiles
+from fastloader.timing import tally
 from tests.doctor.pipelines import dataset
 from tests.toy_datasets import Slow, Squares, add_offset
 

@@ -15,8 +15,9 @@ from PIL import Image
 from fastloader.datasets.folder import FolderSource
 from fastloader.datasets.lmdb import LMDBSource
 from fastloader.errors import FormatError
-from fastloader.pack.engine import detect_source_kind, pack, report_path
+from fastloader.pack.engine import pack
 from fastloader.pack.readers import ReencodeOptions, reencode
+from fastloader.pack.summary import report_path
 from fastloader.pack.verify import verify
 from tests.images import image_bytes, packed_items, write_image_folder
 
@@ -219,18 +220,6 @@ def test_an_lmdb_repacks_smaller_and_tar_shards_hold_the_same_images(folder, tmp
     ]
 
 
-def test_source_kind_is_guessed_from_the_path(folder, tmp_path: Path) -> None:
-    root, _ = folder
-    pack(root, tmp_path / "out.lmdb", workers=0, progress=False)
-    assert detect_source_kind(str(root)) == "folder"
-    assert detect_source_kind(str(tmp_path / "out.lmdb")) == "lmdb"
-    guesses = {"a.txt": "list", "a.csv": "list", "train.rec": "recordio", "t-{0..3}.tfrecord": "tfrecord"}
-    guesses |= {"shard-{000..009}.tar": "tar", os.path.join("x", "*.tar"): "tar"}
-    assert {name: detect_source_kind(name) for name in guesses} == guesses
-    with pytest.raises(ValueError, match="cannot tell what to read"):
-        detect_source_kind("model.bin")
-
-
 def test_bad_options_are_named(folder, tmp_path: Path) -> None:
     root, _ = folder
     for options, name in [({"quality": 0}, "quality"), ({"resize_max_side": 0}, "resize_max_side"),
@@ -257,8 +246,8 @@ def write_webdataset(path: Path, count: int, bad: int) -> None:
 @pytest.mark.parametrize("shard_size", [50, 1000])
 @pytest.mark.parametrize("output", ["lmdb", "tar", "parquet"])
 def test_a_field_no_output_can_hold_rejects_only_its_sample(tmp_path: Path, output: str, shard_size: int) -> None:
-    from fastloader.fields.values import read_fields
-    from fastloader.pack.engine import open_source
+    from fastloader.datasets.sources import open_source
+    from fastloader.fields.source import read_fields
     from tests.images import pack_contents
 
     write_webdataset(tmp_path / "src.tar", 120, bad=5)

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.fields.values import MissingField, field_kinds
-from fastloader.pack.engine import open_source, pack
+from fastloader.datasets.sources import open_source
+from fastloader.errors import MissingField
+from fastloader.fields.source import field_kinds
+from fastloader.pack.engine import pack
 from fastloader.pack.verify import verify
 from tests.field_items import FIELDS, FieldItems, assert_same_value, field_values
 from tests.images import image_bytes

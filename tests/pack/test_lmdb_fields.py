@@ -18,8 +18,8 @@ from fastloader.datasets.folder import FileListSource
 from fastloader.datasets.lmdb import LMDBSource, shared_handle
 from fastloader.datasets.recordio import RecordIOSource
 from fastloader.datasets.tfrecord import TFRecordSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, field_kinds, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import field_kinds, read_fields
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.protobuf import bytes_feature, encode_example, float_feature, int64_feature
 from fastloader.formats.recordio import RecordIOWriter, multi_label, single_label

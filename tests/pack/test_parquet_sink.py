@@ -20,11 +20,11 @@ from PIL import Image
 
 from fastloader.cli import main
 from fastloader.datasets.parquet import ParquetDataset, ParquetSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.datasets.sources import detect_source_kind
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.parquet_pack import MANIFEST_NAME, PROGRESS_NAME, ParquetPackState
 from fastloader.pack import pack, verify
-from fastloader.pack.engine import detect_source_kind
 from fastloader.pack.parquet_sink import ParquetSink
 from tests.images import write_image_folder
 

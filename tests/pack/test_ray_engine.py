@@ -20,11 +20,11 @@ import pytest
 from fastloader import DataLoaderX
 from fastloader.datasets import TarShardDataset
 from fastloader.datasets.folder import FolderSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField
+from fastloader.datasets.sources import open_source
+from fastloader.errors import FormatError, MissingField
 from fastloader.pack import pack, verify
-from fastloader.pack.engine import open_source, report_path
 from fastloader.pack.ray_job import JOB_DIR
+from fastloader.pack.summary import report_path
 from tests.field_items import FieldItems, assert_same_value
 from tests.helpers import ROOT, wait_until
 from tests.images import write_image_folder
@@ -282,7 +282,7 @@ def test_a_ray_pack_to_s3_is_uploaded_content_named_with_the_manifest_last(
     shards = [key for key in keys if key.endswith(".tar")]
     assert len(shards) == 8 and all(len(key.rsplit("-", 1)[1]) == len("0123456789abcdef.tar") for key in shards)
     assert "ray/fastloader-tar.json" in keys and "ray/fastloader-tar.progress.json" not in keys
-    dataset = TarShardDataset(url, decode=identity, cache=tmp_path / "cache")
+    dataset = TarShardDataset(url, decode=identity, shard_cache=tmp_path / "cache")
     local = pack(folder, tmp_path / "local", format="tar", shard_size=4, workers=0, progress=False)
     expected = [(data, label) for _, label, data, _ in _samples(tmp_path / "local")]
     assert local.packed == 30

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fastloader.datasets.sources import open_source
 from fastloader.errors import FormatError
-from fastloader.fields.values import read_fields
+from fastloader.fields.source import read_fields
 from fastloader.pack import shard_sink
-from fastloader.pack.engine import open_source
 from fastloader.pack.parquet_sink import ParquetSink
 from fastloader.pack.tar_sink import TarShardSink
 from tests.images import image_bytes, pack_contents

@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from fastloader.datasets.tar import TarShardSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import FormatError, MissingField
+from fastloader.fields.source import read_fields
 from fastloader.formats.index_file import read_index
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, TarPackState
 from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION, build_shard_index

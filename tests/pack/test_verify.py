@@ -15,8 +15,7 @@ import pytest
 
 from fastloader.datasets.folder import FolderSource
 from fastloader.datasets.lmdb import LMDBSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField
+from fastloader.errors import FormatError, MissingField
 from fastloader.formats import lmdb_records as records
 from fastloader.pack import pack
 from fastloader.pack.verify import verify

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from fastloader.datasets import TarShardDataset
-from fastloader.remote.retry import ObjectChanged, RetryPolicy
+from fastloader.errors import ObjectChanged
+from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
 from tests.remote import fault_proxy as faults
@@ -27,7 +28,7 @@ def test_shards_of_one_name_under_two_prefixes_keep_their_own_index(
     assert len(tar_bytes(first)) == len(tar_bytes(second))  # the same size: only content tells them apart
     put(client, s3_bucket, "ds/p1/shard.tar", tar_bytes(first))
     put(client, s3_bucket, "ds/p2/shard.tar", tar_bytes(second))
-    dataset = TarShardDataset(f"s3://{s3_bucket}/ds", decode=identity, cache=tmp_path / "cache")
+    dataset = TarShardDataset(f"s3://{s3_bucket}/ds", decode=identity, shard_cache=tmp_path / "cache")
     assert read_all(dataset) == [(data, label) for _, data, label in first + second]
     assert dataset.source.key(PER_SHARD).startswith(f"s3://{s3_bucket}/ds/p2/shard.tar:")
 
@@ -39,9 +40,9 @@ def test_a_shard_replaced_by_one_of_the_same_size_is_indexed_and_read_anew(
     old, new = samples(0, PER_SHARD, label=3, seed=3), samples(0, PER_SHARD, label=4, seed=4)
     put(client, s3_bucket, "plain/a.tar", tar_bytes(old))
     url, cache = f"s3://{s3_bucket}/plain", tmp_path / "cache"
-    assert read_all(TarShardDataset(url, decode=identity, cache=cache)) == [(d, lab) for _, d, lab in old]
+    assert read_all(TarShardDataset(url, decode=identity, shard_cache=cache)) == [(d, lab) for _, d, lab in old]
     put(client, s3_bucket, "plain/a.tar", tar_bytes(new))  # same key, same size: the old one is cached
-    again = TarShardDataset(url, decode=identity, cache=cache)
+    again = TarShardDataset(url, decode=identity, shard_cache=cache)
     assert read_all(again) == [(d, lab) for _, d, lab in new]  # neither the old index nor the old bytes
 
 
@@ -51,7 +52,9 @@ def test_a_shard_replaced_after_indexing_is_an_error_naming_it(s3_env: Any, s3_b
         put(client, s3_bucket, f"repl/{name}.tar", tar_bytes(samples(0, PER_SHARD, label=1, seed=seed)))
     size = len(tar_bytes(samples(0, PER_SHARD, label=1)))
     # Room for one shard: indexing b evicts a, so reading a fetches it again, after it was replaced.
-    dataset = TarShardDataset(f"s3://{s3_bucket}/repl", decode=identity, cache=tmp_path / "c", cache_limit=size + 1)
+    dataset = TarShardDataset(
+        f"s3://{s3_bucket}/repl", decode=identity, shard_cache=tmp_path / "c", shard_cache_limit=size + 1
+    )
     put(client, s3_bucket, "repl/a.tar", tar_bytes(samples(0, PER_SHARD, label=2, seed=7)))
     with pytest.raises(ObjectChanged) as caught:
         dataset[0]

@@ -38,7 +38,7 @@ def test_braces_lists_and_globs_name_s3_shards(shards: list[list[Sample]], s3_bu
         f"{base}/train-00000[0-3].tar",
         [f"{base}/train-{{000000,000001}}.tar", f"{base}/train-00000[23].tar"],
     ):
-        dataset = TarShardDataset(pattern, decode=identity, cache=tmp_path / "cache")
+        dataset = TarShardDataset(pattern, decode=identity, shard_cache=tmp_path / "cache")
         assert read_all(dataset) == every, pattern
         assert dataset.classes is None
     listed = TarShardDataset([f"{base}/train-000003.tar", f"{base}/train-000000.tar"], decode=identity)

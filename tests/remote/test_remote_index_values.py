@@ -33,4 +33,4 @@ def test_a_lying_uploaded_index_is_refused_naming_it(
     write_index(local, INDEX_KIND, INDEX_VERSION, dict(index.meta), arrays)
     client.put_object(Bucket=s3_bucket, Key=key, Body=local.read_bytes())
     with pytest.raises(FormatError, match=r"\.fl-idx: 'data_offset' / 'data_size' reach outside"):
-        RemoteTarShardSource(url, cache=tmp_path / "cache")
+        RemoteTarShardSource(url, shard_cache=tmp_path / "cache")

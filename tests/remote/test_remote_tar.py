@@ -13,11 +13,11 @@ import pytest
 from fastloader import DataLoaderX
 from fastloader.datasets import ImageDataset, TarShardDataset
 from fastloader.datasets.remote_tar import RemoteTarShardSource
-from fastloader.errors import FormatError
-from fastloader.fields.values import MissingField, read_fields
+from fastloader.errors import FormatError, MissingField, RemoteError
+from fastloader.fields.source import read_fields
 from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.pack import pack
-from fastloader.remote.retry import RemoteError, RetryPolicy
+from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.sample import make_sample_folder
 from fastloader.samplers import ShardWindowSampler
@@ -73,7 +73,7 @@ def test_pack_uploads_shards_indexes_and_the_manifest(packed: str, s3_server: An
 def test_every_sample_once_with_workers_as_from_local_disk(
     packed: str, photos: Path, tmp_path: Path, s3_env: Any
 ) -> None:
-    dataset = TarShardDataset(packed, transform=Digests(), decode=identity_decode, cache=tmp_path / "cache")
+    dataset = TarShardDataset(packed, transform=Digests(), decode=identity_decode, shard_cache=tmp_path / "cache")
     assert len(dataset) == IMAGES and dataset.classes is not None
     got = items(dataset, num_workers=2, sampler=ShardWindowSampler(dataset, window=2, seed=1))
     assert sorted(got) == local_items(photos, tmp_path)
@@ -81,18 +81,18 @@ def test_every_sample_once_with_workers_as_from_local_disk(
 
 
 def test_the_cache_stays_under_its_limit(packed: str, tmp_path: Path, s3_env: Any) -> None:
-    probe = RemoteTarShardSource(packed, cache=tmp_path / "probe")
+    probe = RemoteTarShardSource(packed, shard_cache=tmp_path / "probe")
     largest = max(entry for entry in _shard_sizes(probe))
     limit = 2 * largest + 1  # room for two shards: the sampler's window
     dataset = TarShardDataset(
-        packed, transform=Digests(), decode=identity_decode, cache=tmp_path / "c", cache_limit=limit
+        packed, transform=Digests(), decode=identity_decode, shard_cache=tmp_path / "c", shard_cache_limit=limit
     )
     for epoch in range(2):
         sampler = ShardWindowSampler(dataset, window=2, seed=0)
         sampler.set_epoch(epoch)
         got = items(dataset, num_workers=2, sampler=sampler)
         assert len(got) == IMAGES and len(set(got)) == IMAGES
-        assert dataset.source.stats()["cache_bytes"] <= limit
+        assert dataset.source.stats()["shard_cache_bytes"] <= limit
 
 
 def _shard_sizes(source: RemoteTarShardSource) -> list[int]:
@@ -120,7 +120,7 @@ def test_an_epoch_survives_throttling_stalls_resets_and_cut_bodies(
     ):
         fault_proxy.add(rule)
     store = S3Store(fault_proxy.url, read_timeout=1.0, retry=RetryPolicy(attempts=12, base_s=0.01, cap_s=0.2))
-    source = RemoteTarShardSource(packed, cache=tmp_path / "cache", store=store)
+    source = RemoteTarShardSource(packed, shard_cache=tmp_path / "cache", store=store)
     dataset = ImageDataset(source, transform=Digests(), decode=identity_decode)
     got = items(dataset, num_workers=2, sampler=ShardWindowSampler(dataset, window=2, seed=4))
     assert sorted(got) == local_items(photos, tmp_path)  # nothing lost or duplicated
@@ -130,7 +130,7 @@ def test_an_epoch_survives_throttling_stalls_resets_and_cut_bodies(
 
 def test_after_the_retry_budget_the_error_names_the_object(packed: str, tmp_path: Path, fault_proxy: Any) -> None:
     store = S3Store(fault_proxy.url, retry=RetryPolicy(attempts=3, base_s=0.01, cap_s=0.02))
-    source = RemoteTarShardSource(packed, cache=tmp_path / "cache", store=store)
+    source = RemoteTarShardSource(packed, shard_cache=tmp_path / "cache", store=store)
     fault_proxy.add(faults.error(500, "InternalError", method="GET", key=".tar", times=100))
     with pytest.raises(RemoteError, match=r"s3://.*/train/.*\.tar.*failed 3 times.*InternalError"):
         source.read(0)
@@ -141,7 +141,7 @@ def test_bad_credentials_fail_at_once_without_showing_the_secret(
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-at-all")
     with pytest.raises(RemoteError) as caught:
-        RemoteTarShardSource(packed, cache=tmp_path / "cache", store=S3Store(retry=RetryPolicy(attempts=5)))
+        RemoteTarShardSource(packed, shard_cache=tmp_path / "cache", store=S3Store(retry=RetryPolicy(attempts=5)))
     assert "SignatureDoesNotMatch" in str(caught.value) and "not-the-secret-at-all" not in str(caught.value)
 
 
@@ -163,14 +163,14 @@ def test_a_killed_upload_resumes_without_sending_shards_again(
     pack(str(photos), url, shard_size=SHARD, progress=False, workers=0)
     assert fault_proxy.count("PUT", "shard-000000-") == before  # already there: not sent again
     assert fault_proxy.count("PUT", "shard-000002-") > 0
-    assert len(TarShardDataset(url, cache=tmp_path / "cache")) == IMAGES
+    assert len(TarShardDataset(url, shard_cache=tmp_path / "cache")) == IMAGES
 
 
 def test_fields_read_from_s3(s3_env: Any, s3_bucket: str, tmp_path: Path) -> None:
     url = f"s3://{s3_bucket}/fields"
     items = FieldItems(9)
     pack(items, url, shard_size=4, progress=False, workers=0)
-    source = RemoteTarShardSource(url, cache=tmp_path / "cache")
+    source = RemoteTarShardSource(url, shard_cache=tmp_path / "cache")
     assert source.field_kinds() == dict(sorted(FIELDS.items())) and len(source) == 9
     for i in (8, 0, 5, 1):
         assert read_fields(source, i).keys() == field_values(i).keys()
@@ -208,7 +208,7 @@ def test_a_pack_uploaded_by_the_previous_version_reads_without_fetching_shards(
         client.put_object(Bucket=s3_bucket, Key=key, Body=local.read_bytes())
     store = CountingStore()
     store.downloads = []
-    source = RemoteTarShardSource(packed, cache=tmp_path / "cache", store=store)
+    source = RemoteTarShardSource(packed, shard_cache=tmp_path / "cache", store=store)
     assert len(source) == IMAGES and source.classes is not None and source.field_kinds() == {}
     assert store.downloads == [], "the old indexes were upgraded, not rebuilt from the shards"
     assert source.source_key(0) is not None and source.read(IMAGES - 1)

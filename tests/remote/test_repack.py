@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from fastloader.datasets import TarShardDataset
+from fastloader.errors import ObjectChanged
 from fastloader.formats.tar_manifest import MANIFEST_NAME
 from fastloader.pack import pack
-from fastloader.remote.retry import ObjectChanged
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
 from tests.images import image_bytes
@@ -45,7 +45,7 @@ def _expected(root: Path) -> list[tuple[bytes, int]]:
 
 
 def _reader(url: str, cache: Path) -> TarShardDataset:
-    return TarShardDataset(url, decode=identity, cache=cache)
+    return TarShardDataset(url, decode=identity, shard_cache=cache)
 
 
 def _keys(s3_env: Any, bucket: str) -> list[str]:

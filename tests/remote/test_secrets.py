@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fastloader.remote.retry import RemoteError, RetryPolicy, redact
+from fastloader.errors import RemoteError, redact
+from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
 from tests.remote import fault_proxy as faults

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.remote.shard_cache import CacheStuck, ShardCache
+from fastloader.errors import CacheStuck
+from fastloader.remote.shard_cache import ShardCache
 from tests.helpers import wait_until
 
 

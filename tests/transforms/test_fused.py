@@ -14,9 +14,9 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from fastloader import transforms as T
-from fastloader.datasets.base import decode_pil
 from fastloader.errors import DecodeError
 from fastloader.image import decode
+from fastloader.image.pil import decode_pil
 from tests.transforms import KINDS, photo, photo_bytes
 
 PIPELINES = {

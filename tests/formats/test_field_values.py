@@ -1,4 +1,4 @@
-"""The seven field kinds: exact encodings, clear refusals, WebDataset's extension conventions."""
+"""The seven field kinds' byte layout: exact encodings, clear refusals, WebDataset's extension conventions."""
 
 from __future__ import annotations
 
@@ -9,15 +9,7 @@ import numpy as np
 import pytest
 
 from fastloader.errors import FormatError
-from fastloader.fields.values import (
-    check_value,
-    decode_value,
-    encode_value,
-    kind_of_extension,
-    kind_of_value,
-    read_fields,
-)
-from tests.fields.scenes import SceneSource
+from fastloader.formats.field_values import check_value, decode_value, encode_value, kind_of_extension, kind_of_value
 
 
 @pytest.mark.parametrize(
@@ -119,12 +111,6 @@ def test_kind_of_value_and_check_value() -> None:
         check_value("float", "0.5", "k: field 'score'")
     with pytest.raises(FormatError, match="not a valid json"):
         check_value("json", {"a": np.zeros(2)}, "k")
-
-
-def test_read_fields_leaves_missing_ones_out() -> None:
-    source = SceneSource(missing=(1,))
-    assert set(read_fields(source, 0)) == {"json", "score", "seg.png", "txt"}
-    assert set(read_fields(source, 1)) == {"json", "score", "seg.png"}
 
 
 @pytest.mark.parametrize(

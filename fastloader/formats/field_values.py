@@ -1,9 +1,9 @@
-"""What a sample carries besides its image and label: named *fields*, each of one *kind*.
+"""The byte layout of a field value: seven kinds, each with one exact encoding.
 
 A field is a value with a name: a caption, a JSON record, a multi-label vector, a mask's encoded
-bytes. Every format stores fields its own way (tar members by extension, ``tf.train.Example``
-features, Parquet columns, records of a fastloader LMDB); in Python a field is always one of
-seven kinds, so that it survives a trip through any format exactly:
+bytes (``fastloader.fields``). Every format stores fields its own way (tar members by extension,
+``tf.train.Example`` features, Parquet columns, records of a fastloader LMDB); in Python a field is
+always one of seven kinds, so that it survives a trip through any format exactly:
 
 ========  ======================  ==========================================================
 kind      Python value            canonical bytes (LMDB records, tar members)
@@ -17,9 +17,8 @@ float     ``float`` (float64)     ``repr`` in ASCII: reads back bit for bit
 array     ``numpy.ndarray``       ``.npy`` (numeric dtypes, native byte order: never pickled)
 ========  ======================  ==========================================================
 
-A source that carries fields implements :class:`FieldSource` on top of the image ``Source``
-protocol (``fastloader.datasets.base``). Nothing here is pickled, ever: unpickling untrusted data
-runs code.
+Tar members are given their kind by extension, as WebDataset's decoders do (:func:`kind_of_extension`).
+Nothing here is pickled, ever: unpickling untrusted data runs code.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ import io
 import json
 import math
 import tokenize
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -45,63 +43,6 @@ _JSON_EXTENSIONS = frozenset(("json", "jsn"))
 _INT_EXTENSIONS = frozenset(("cls", "cls2", "class", "count", "index", "inx", "id", "label"))
 _ARRAY_EXTENSIONS = frozenset(("npy",))
 _INT64 = (-(1 << 63), 1 << 63)
-
-
-class MissingField(FormatError):
-    """An item has no field of the name asked for (the message names the item's key and the field)."""
-
-
-@runtime_checkable
-class FieldSource(Protocol):
-    """A source whose items carry named fields besides the image and label.
-
-    ``field_kinds()`` names the fields items may carry and their kinds (see the module docstring);
-    the image and the label are not among them. ``read_field(i, name)`` is the value of item ``i``'s
-    field (raises :class:`MissingField`, naming the key, when item ``i`` has none).
-
-    A source may also have ``field_aliases()``: the format's own names of the image and the label
-    (``{"jpg": "image", "cls": "label"}`` for tar shards, ``{"image/encoded": "image", ...}`` for
-    TFRecord), so that users ask for fields in the format's naming (see ``aliases()``).
-    """
-
-    def field_kinds(self) -> Mapping[str, str]: ...
-
-    def read_field(self, index: int, name: str) -> Any: ...
-
-
-def field_kinds(source: Any) -> dict[str, str]:
-    """The fields of ``source`` (``{}`` for a source of images and labels only), sorted by name."""
-    if not isinstance(source, FieldSource):
-        return {}
-    kinds = dict(sorted(source.field_kinds().items()))
-    for name, kind in kinds.items():
-        check_kind(kind, name)
-    return kinds
-
-
-def aliases(source: Any) -> dict[str, str]:
-    """The format's names for the image and label of ``source`` (``"image"`` and ``"label"`` always work)."""
-    names = {"image": "image", "label": "label"}
-    extra = getattr(source, "field_aliases", None)
-    if extra is not None:
-        for name, meaning in extra().items():
-            if meaning not in ("image", "label"):
-                raise ValueError(f"field_aliases: {name!r} must alias 'image' or 'label', got {meaning!r}")
-            names.setdefault(name, meaning)
-    return names
-
-
-def read_fields(source: Any, index: int, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Every field item ``index`` carries (missing ones left out), each checked to be of its kind."""
-    kinds = field_kinds(source) if kinds is None else kinds
-    values: dict[str, Any] = {}
-    for name, kind in kinds.items():
-        try:
-            value = source.read_field(index, name)
-        except MissingField:
-            continue
-        values[name] = check_value(kind, value, f"{source.key(index)}: field {name!r}")
-    return values
 
 
 def check_kind(kind: str, name: str = "") -> str:

@@ -1,0 +1,83 @@
+"""One route from bytes to pixels: every way an ImageDataset hands out a fused image runs header ->
+plan -> decode once per image (FusedTransform.decode_planned), timed once (one read, one decode)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fastloader.datasets.base as base
+from fastloader import transforms as T
+from fastloader.datasets.base import ImageDataset
+from fastloader.fields import Boxes, Mask
+from fastloader.image.batching import EncodedImage, PrecollatedBatch
+from fastloader.transforms.fused import FusedTransform
+from tests.fields.scenes import SceneSource
+
+DETECTION = {"image": "jpg", "mask": Mask("seg.png"), "target": Boxes("json", path="annotations.*.bbox")}
+
+
+@pytest.fixture()
+def route(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Counts the dataset's decode_planned calls and its timed stages."""
+    seen: Counter[str] = Counter()
+    real_decode, real_timed = FusedTransform.decode_planned, base.timed
+
+    def decode_planned(self: FusedTransform, *args: Any, **kwargs: Any) -> Any:
+        seen["decode_planned"] += 1
+        return real_decode(self, *args, **kwargs)
+
+    def timed(stage: str) -> Any:
+        seen[stage] += 1
+        return real_timed(stage)
+
+    monkeypatch.setattr(FusedTransform, "decode_planned", decode_planned)
+    monkeypatch.setattr(base, "timed", timed)
+    yield seen
+
+
+def dataset(**options: Any) -> ImageDataset[Any]:
+    return ImageDataset(
+        SceneSource(), transform=T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()]), **options
+    )
+
+
+def test_one_item(route: Counter[str]) -> None:
+    image, _ = dataset()[0]
+    assert tuple(image.shape) == (3, 32, 32)
+    assert route == {"decode_planned": 1, "read": 1, "decode": 1}
+
+
+def test_a_batch_decoded_into_its_buffer(route: Counter[str]) -> None:
+    batch = dataset().__getitems__([0, 1, 2])
+    assert isinstance(batch, PrecollatedBatch) and tuple(batch.images.shape) == (3, 3, 32, 32)
+    assert route == {"decode_planned": 3, "read": 3, "decode": 3}
+
+
+def test_samples_with_fields_and_annotations(route: Counter[str]) -> None:
+    sample = dataset(fields=DETECTION)[0]
+    assert tuple(sample["image"].shape) == (3, 32, 32)
+    assert route["decode_planned"] == 1 and route["decode"] == 1
+    route.clear()
+    batch = dataset(fields=("jpg", "txt")).__getitems__([0, 1])
+    assert len(batch) == 2 and route["decode_planned"] == 2 and route["decode"] == 2
+
+
+def test_gpu_decode_items_stop_at_the_plan(route: Counter[str]) -> None:
+    gpu = dataset()
+    gpu.set_decode_device("cuda")
+    encoded, _ = gpu[0]
+    assert isinstance(encoded, EncodedImage) and encoded.plan.size == (32, 32) and encoded.index == 0
+    assert route == {"decode_planned": 1, "read": 1, "decode": 1}
+
+
+def test_the_decoded_cache_is_read_through_the_same_route(route: Counter[str], tmp_path: Path) -> None:
+    cached = ImageDataset(SceneSource(), transform=T.Compose([T.Resize(40), T.CenterCrop(32)]), cache=tmp_path / "c")
+    first = cached[0][0].clone()
+    assert route["decode_planned"] == 1
+    again = cached[0][0]
+    assert route["decode_planned"] == 1 and (again == first).all()  # the second read: from the cache
