@@ -36,7 +36,8 @@ from typing import Any
 
 import torch.autograd.profiler as _profiler
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+
+from fastloader.torch_internals import pin_memory as _pin_memory
 
 WORKER_STAGES = ("read", "decode", "transform", "dataset", "collate")
 MAIN_STAGES = ("handoff", "pin", "h2d")
