@@ -18,7 +18,9 @@ import threading
 from collections.abc import Iterator
 from time import perf_counter
 
-import torch.autograd.profiler as _profiler
+from torch.autograd.profiler import record_function
+
+from fastloader.torch_internals import profiler_enabled
 
 WORKER_STAGES = ("read", "decode", "transform", "dataset", "collate")
 MAIN_STAGES = ("handoff", "pin", "h2d")
@@ -48,10 +50,10 @@ def tally() -> Tally:
 @contextlib.contextmanager
 def labelled(stage: str) -> Iterator[None]:
     """``record_function("fastloader.<stage>")`` while a profiler records; nothing otherwise."""
-    if not _profiler._is_profiler_enabled:
+    if not profiler_enabled():
         yield
         return
-    with _profiler.record_function(f"fastloader.{stage}"):
+    with record_function(f"fastloader.{stage}"):
         yield
 
 
@@ -65,7 +67,7 @@ class timed:
         self.stage = stage
 
     def __enter__(self) -> None:
-        self.label = _profiler.record_function(f"fastloader.{self.stage}") if _profiler._is_profiler_enabled else None
+        self.label = record_function(f"fastloader.{self.stage}") if profiler_enabled() else None
         if self.label is not None:
             self.label.__enter__()
         self.start = perf_counter()

@@ -32,11 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
-from torch.utils.data._utils.collate import collate as _collate_with
-from torch.utils.data._utils.collate import default_collate_fn_map
 
 from fastloader.image.decode import ImageHeader
 from fastloader.image.geometry import CropPlan
+from fastloader.torch_internals import collate_with, default_collate_fn_map, shared_storage
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=torch.uint8)
     else:
         # Shared from the start: the worker's queue then sends a handle to it instead of copying it.
-        storage = torch.UntypedStorage._new_shared(count * height * width * 3)
+        storage = shared_storage(count * height * width * 3)
         buffer = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
     _populate(buffer)
     return buffer
@@ -160,4 +159,4 @@ def collate(batch: Any) -> Any:
     :class:`EncodedImage` items as a list, for the GPU decoder)."""
     if isinstance(batch, list) and isinstance(batch, Collated):
         return batch.collated()
-    return _collate_with(batch, collate_fn_map=_COLLATE_FN_MAP)
+    return collate_with(batch, collate_fn_map=_COLLATE_FN_MAP)

@@ -76,6 +76,35 @@ class Choice:
         return asdict(self)
 
 
+def provisional(num_workers: int | str, prefetch_factor: int | str | None) -> tuple[int, int | None]:
+    """``"auto"`` stands in as :class:`Auto` ints until the first ``iter()`` measures: as many workers as
+    this rank's cores, torch's default prefetch."""
+    from fastloader import world
+
+    if num_workers == "auto" or isinstance(num_workers, Auto):
+        num_workers = Auto(world.cores_per_rank())
+    elif isinstance(num_workers, str):
+        raise ValueError(f"num_workers must be an int or 'auto', got {num_workers!r}")
+    if prefetch_factor == "auto" or isinstance(prefetch_factor, Auto):
+        if num_workers == 0:
+            raise ValueError("prefetch_factor='auto' needs worker processes: num_workers > 0 or 'auto'")
+        prefetch_factor = Auto(2)
+    elif isinstance(prefetch_factor, str):
+        raise ValueError(f"prefetch_factor must be an int, None or 'auto', got {prefetch_factor!r}")
+    return num_workers, prefetch_factor
+
+
+def tune(loader: DataLoader[Any]) -> Choice | None:
+    """Measure what is still ``"auto"`` of ``loader``'s num_workers / prefetch_factor (None: nothing is)."""
+    from fastloader import world
+
+    workers_auto, prefetch_auto = isinstance(loader.num_workers, Auto), isinstance(loader.prefetch_factor, Auto)
+    if not (workers_auto or prefetch_auto):
+        return None
+    counts = candidates(world.cores_per_rank()) if workers_auto else [loader.num_workers]
+    return choose(loader, counts, prefetch_auto=prefetch_auto)
+
+
 def candidates(cores: int) -> list[int]:
     """1, 2, 4, ... and ``cores`` itself."""
     counts, n = [], 1

@@ -54,7 +54,7 @@ class Indexing:
     def of(cls, loader: DataLoaderX[Any]) -> Indexing:
         iterable = isinstance(loader.dataset, IterableDataset)
         indexer = None if iterable else stateful_indexer(loader)
-        batch_size = None if loader._user_batch_sampler else loader.batch_size
+        batch_size = None if loader._plan.user_batch_sampler else loader.batch_size
         return cls(iterable, indexer, batch_size, loader.drop_last)
 
 

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from fastloader.loader.nested import map_tensors
+from fastloader.torch_internals import shared_storage
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -147,5 +148,21 @@ class NormalizingCollate:
 def _shared_like(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor in shared memory with ``tensor``'s shape and strides (a dense layout)."""
     size = tensor.numel() * torch.empty((), dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(size)
+    storage = shared_storage(size)
     return torch.empty(0, dtype=dtype).set_(storage, 0, tensor.shape, tensor.stride())
+
+
+def flip_seed(base: int) -> int:
+    """An epoch's ``random_flip`` seed: derived from the workers' base seed (torch's iterator draws it from
+    ``generator`` or the global generator, once per epoch, as torch's loader does; a resumed epoch has the
+    interrupted one's), so no extra draw shifts the training loop's random stream."""
+    return (base * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63  # another stream than the workers' seeds
+
+
+def reseed_flips(finish: Any, collate_fn: Any, seed: int) -> None:
+    """Seed an epoch's ``random_flip`` draws wherever they are made: after the copy (``finish``, a
+    :class:`Normalizer`) or in the collate step (a :class:`NormalizingCollate`)."""
+    if isinstance(finish, Normalizer):
+        finish.reseed(seed)
+    if isinstance(collate_fn, NormalizingCollate):
+        collate_fn.reseed(seed)

@@ -38,6 +38,7 @@ from fastloader.loader.epoch_progress import Indexing, Plan, Progress
 from fastloader.loader.resume_samplers import (
     ordering_generator,
     place,
+    sampler_epoch,
     sampler_size,
     seed_of,
     world_of,
@@ -45,6 +46,7 @@ from fastloader.loader.resume_samplers import (
 from fastloader.loader.resume_state import check_state, encode_rng, encode_workers
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers.torch_random import TorchRandomSampler
+from fastloader.torch_internals import persistent_iterator
 
 if TYPE_CHECKING:
     from fastloader.loader.dataloader import DataLoaderX
@@ -92,7 +94,7 @@ class ResumeCursor:
         """At ``iter()``: advance the epoch (unless it was set since the last one) and say how the iteration starts."""
         loader = self.loader
         if self.started and not self.epoch_set:
-            external = loader._sampler_epoch()
+            external = sampler_epoch(loader)
             if external is not None and external != self.sampler_epoch_at_iter:
                 self.epoch = external  # a framework set the sampler's epoch itself (Lightning does): keep it
             else:
@@ -108,7 +110,7 @@ class ResumeCursor:
     def reuses_workers(self, plan: Plan) -> bool:
         """Whether the iteration runs on the persistent workers already running (they keep their state)."""
         loader = self.loader
-        running = loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None
+        running = loader.persistent_workers and loader.num_workers > 0 and persistent_iterator(loader) is not None
         return running and plan.loaded is None
 
     def begin(self, plan: Plan, fresh: bool) -> Progress:
@@ -126,7 +128,7 @@ class ResumeCursor:
                 sampler.pin_next_seed(seed)
         progress = Progress(plan, rng, seed, Indexing.of(self.loader))
         self.pending, self.current = None, progress
-        self.sampler_epoch_at_iter = self.loader._sampler_epoch()
+        self.sampler_epoch_at_iter = sampler_epoch(self.loader)
         return progress
 
     def started_workers(self, progress: Progress, base_seed: int, fresh: bool) -> None:

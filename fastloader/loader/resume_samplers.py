@@ -40,6 +40,15 @@ def ordering_generator(loader: DataLoaderX[Any]) -> torch.Generator | None:
     return generator if isinstance(generator, torch.Generator) else None
 
 
+def sampler_epoch(loader: DataLoaderX[Any]) -> int | None:
+    """The epoch the sampler itself holds (torch's and fastloader's samplers have ``epoch``), if any."""
+    for target in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        epoch = getattr(target, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+    return None
+
+
 def world_of(sampler: Any) -> tuple[int, int]:
     if isinstance(sampler, (tud.DistributedSampler, ShardWindowSampler)):
         return sampler.num_replicas, sampler.rank
@@ -68,7 +77,7 @@ def seed_of(loader: DataLoaderX[Any], torch_seed: int | None) -> int:
 
 def stateful_indexer(loader: DataLoaderX[Any]) -> Any:
     """The sampler (or user batch sampler) whose own state is saved, or None (fastloader's, or replayed)."""
-    target = loader.batch_sampler if loader._user_batch_sampler else loader.sampler
+    target = loader.batch_sampler if loader._plan.user_batch_sampler else loader.sampler
     if isinstance(target, (EpochSampler, ShardWindowSampler, TorchRandomSampler)):
         return None
     if stateful(target) or not isinstance(target, _REPLAYED):

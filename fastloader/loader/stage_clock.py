@@ -34,9 +34,9 @@ from time import perf_counter
 from typing import Any
 
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from fastloader.timing import labelled, tally
+from fastloader.torch_internals import pin_memory as _pin_memory
 
 _TALLY = tally()  # this module's reference to the worker half's thread-local tally (fastloader.timing)
 

@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from fastloader.torch_internals import awaited_batch, worker_processes
+
 log = logging.getLogger("fastloader")
 _SIGNAL = signal.SIGUSR1
 _DUMP_WAIT_S = 1.0  # how long to wait for the workers' dumps
@@ -64,13 +66,26 @@ class StackDumpInit:
 _KEEP: list[Any] = []  # the worker's open dump file (never closed: the handler writes to it)
 
 
+def stalled(source: weakref.ref[Any], stacks: StackDir | None, waited: float) -> None:
+    """The alarm of a DataLoaderX epoch, in the waiting training loop: :func:`report_stall` for torch's iterator
+    (if it is still there); a failed report never breaks the epoch."""
+    iterator = source()
+    if iterator is None:
+        return
+    try:
+        report_stall(iterator, stacks, waited)
+    except Exception as error:  # noqa: BLE001 - a failed report must not break the epoch
+        log.warning("no batch for %.0f s (and the stall report failed: %r)", waited, error)
+
+
 def report_stall(source: Any, stacks: StackDir | None, waited: float) -> str:
     """Log (and return) where the pipeline is stuck: the awaited worker, every worker's and this process's stacks."""
     lines = [f"no batch for {waited:.0f} s: the training loop is waiting for the data loader"]
-    stuck = _awaited_worker(source)
-    workers = list(getattr(source, "_workers", []) or [])
-    if stuck is not None and stuck < len(workers):
-        lines.append(f"it waits for batch {source._rcvd_idx} from worker {stuck} (pid {workers[stuck].pid})")
+    awaited = awaited_batch(source)
+    stuck = awaited[1] if awaited is not None else None
+    workers = worker_processes(source)
+    if awaited is not None and stuck is not None and stuck < len(workers):
+        lines.append(f"it waits for batch {awaited[0]} from worker {stuck} (pid {workers[stuck].pid})")
     dumps = _worker_stacks(workers, stacks) if workers else {}
     for worker_id, process in enumerate(workers):
         mark = "  <- the awaited batch" if worker_id == stuck else ""
@@ -82,15 +97,6 @@ def report_stall(source: Any, stacks: StackDir | None, waited: float) -> str:
     text = "\n".join(lines)
     log.warning(text)
     return text
-
-
-def _awaited_worker(source: Any) -> int | None:
-    """The worker holding the batch torch's iterator returns next (None: not known, or no workers)."""
-    try:
-        info = source._task_info.get(source._rcvd_idx)
-    except AttributeError:
-        return None
-    return int(info[0]) if info is not None and len(info) == 1 else None
 
 
 def _worker_stacks(workers: list[Any], stacks: StackDir | None) -> dict[int, str]:

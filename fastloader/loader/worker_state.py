@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.utils.data._utils.worker as torch_worker
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
+from fastloader.torch_internals import install_fetcher_factory, numpy_seed, set_worker_seed, torch_fetcher_factory
 
 log = logging.getLogger("fastloader")
 WorkerState = Mapping[str, Any]  # {"batches": int, "dataset": ..., "iterator": ..., "rng": ... (raw)}
@@ -226,19 +226,17 @@ class WorkerStart:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
-        from torch.utils.data import _DatasetKind
-
         info = get_worker_info()
         if info is None or info.worker_method == "thread":  # a class patched in a thread is the whole process's
             raise RuntimeError("WorkerStart runs in DataLoader worker processes only")
         base = self.plan.base_seed
         if base is not None and base + worker_id != info.seed:
             _seed_like_torch(base, worker_id)
-            torch_worker._worker_info = dataclasses.replace(info, seed=base + worker_id)
-        agent = _Agent(info.dataset, worker_id, self.plan.workers.get(worker_id), _DatasetKind.create_fetcher)
+            set_worker_seed(base + worker_id)
+        agent = _Agent(info.dataset, worker_id, self.plan.workers.get(worker_id), torch_fetcher_factory())
         # This process is one of this loader's workers: torch's worker loop makes its fetcher right after
         # this function returns (and again each epoch with persistent workers).
-        _DatasetKind.create_fetcher = staticmethod(agent.create_fetcher)  # type: ignore[method-assign]
+        install_fetcher_factory(agent.create_fetcher)
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -248,4 +246,4 @@ def _seed_like_torch(base_seed: int, worker_id: int) -> None:
     seed = base_seed + worker_id
     random.seed(seed)
     torch.manual_seed(seed)
-    np.random.seed(torch_worker._generate_state(base_seed, worker_id))
+    np.random.seed(numpy_seed(base_seed, worker_id))

@@ -88,7 +88,7 @@ def test_one_stream_per_loader_and_reserved_memory_flat_over_5_epochs() -> None:
         for images, _ in loader:
             images.float().mean()
         torch.cuda.synchronize()
-        streams.add(id(loader._copier.stream))  # type: ignore[union-attr]
+        streams.add(id(loader._runtime.copier.stream))  # type: ignore[union-attr]
         reserved.append(torch.cuda.memory_reserved(loader.device))
     assert len(streams) == 1
     assert max(reserved[1:]) <= reserved[0], f"reserved memory grew across epochs: {reserved}"

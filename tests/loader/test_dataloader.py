@@ -340,17 +340,17 @@ def test_gpu_decode_is_per_loader_and_leaves_the_users_dataset_alone(tmp_path: A
     from fastloader import transforms as T
     from fastloader.datasets import ImageFolder
     from fastloader.image.batching import EncodedImage
-    from fastloader.loader.dataloader import _dataset_for_decode
+    from fastloader.loader.arguments import dataset_for_decode
     from fastloader.sample import make_sample_folder
 
     make_sample_folder(tmp_path / "sample", 8, num_classes=2)
     dataset = ImageFolder(tmp_path / "sample", transform=T.Compose([T.Resize(64), T.CenterCrop(48)]))
-    own, gpu = _dataset_for_decode(dataset, "cuda", torch.device("cuda"))  # what a CUDA loader does
+    own, gpu = dataset_for_decode(dataset, "cuda", torch.device("cuda"))  # what a CUDA loader does
     assert gpu and own is not dataset and own.decode_device == "cuda" and dataset.decode_device == "cpu"
     assert isinstance(own[0][0], EncodedImage) and own.source is dataset.source
     pixels = next(iter(DataLoaderX(dataset, batch_size=4)))[0]  # a second loader, on the CPU, same dataset
     assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, 48, 48)
-    same, gpu = _dataset_for_decode(dataset, "cpu", torch.device("cuda"))
+    same, gpu = dataset_for_decode(dataset, "cpu", torch.device("cuda"))
     assert same is dataset and not gpu
 
 
@@ -361,7 +361,7 @@ def test_with_num_workers_0_the_dataset_runs_in_the_loaders_device_context(monke
     import contextlib
     import threading
 
-    from fastloader.loader import dataloader as module
+    from fastloader.loader import epoch as module
 
     current = threading.local()
 

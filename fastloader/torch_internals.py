@@ -1,0 +1,268 @@
+"""Every private part of torch that fastloader relies on, and why: the one place to look at a torch upgrade.
+
+``tests/test_torch_internals.py`` pins each of them on the installed torch (the attribute or function exists
+and behaves as used here). A module of fastloader that needs one imports it from here, never from torch.
+This module imports nothing of fastloader, so any layer may use it.
+
+The loader (``torch.utils.data.DataLoader``):
+
+* ``DataLoader._get_iterator()``: torch's ``__iter__`` calls it to make each iterator; DataLoaderX overrides it
+  to hand torch a view of the loader (``fastloader.loader.torch_iter``).
+* ``DataLoader._index_sampler`` (a property): the sampler or batch sampler torch's iterator takes its indices
+  from (:func:`index_sampler`);
+* torch's iterator reads its configuration from the loader it is given, by attribute (``_index_sampler``,
+  ``_dataset_kind``, ``_auto_collation``, ``collate_fn``, ...): a :class:`LoaderView` answers with some
+  replaced (the resume cursor's index stream, the stage clock's timed collate) and leaves the loader's own.
+* ``DataLoader._iterator``: the one iterator torch keeps with persistent workers (:func:`persistent_iterator`);
+  DataLoaderX drops it to restart the workers for a loaded state (:func:`drop_persistent_iterator`).
+
+The iterator (``_BaseDataLoaderIter`` and ``_MultiProcessingDataLoaderIter``):
+
+* ``_base_seed``: the workers' base seed it drew (the resume state and the flips' seed, :func:`base_seed`);
+* ``_data_queue``: the batches the workers finished, for the stage clock's queue depth (:func:`batches_in_workers`);
+* ``_IterableDataset_len_called``, ``_dataset``, ``_num_workers``: its "more samples than len()" check, which
+  DataLoaderX makes in the training loop's thread instead of the producer's (:func:`take_reported_length`);
+* ``_shutdown_workers()``: stop the workers from the producer thread (:func:`shutdown_workers`);
+* ``_workers``, ``_task_info``, ``_rcvd_idx``: the stall watchdog names the worker holding the awaited batch
+  (:func:`worker_processes`, :func:`awaited_batch`);
+* subclassing ``_MultiProcessingDataLoaderIter``: ``_reset(loader, first_iter)`` sets
+  ``_worker_queue_idx_cycle`` right before the first requests go out; a resumed epoch starts that cycle at
+  another worker (:class:`MultiProcessIterStartingAt`);
+* subclassing ``_SingleProcessDataLoaderIter``: its ``__init__`` re-made from ``_BaseDataLoaderIter.__init__``,
+  ``_DatasetKind.create_fetcher`` and the iterator's ``_dataset_kind``, ``_auto_collation``, ``_collate_fn``,
+  ``_drop_last``, ``_timeout``, ``_num_workers``, ``_world_size``, ``_rank``, ``_dataset_fetcher``, so that the
+  fetcher can be wrapped (:class:`SingleProcessIterWith`, :func:`fetcher_of`).
+
+The worker processes (``torch.utils.data._utils.worker``):
+
+* ``_DatasetKind.create_fetcher``: torch's worker loop makes its fetcher with it after ``worker_init_fn``;
+  a DataLoaderX worker installs a factory that wraps it (:func:`torch_fetcher_factory`,
+  :func:`install_fetcher_factory`);
+* ``_worker_info`` (a frozen dataclass): a resumed worker's seed is set where ``get_worker_info()`` reads it,
+  and ``_generate_state``: how the worker loop seeds numpy (:func:`set_worker_seed`, :func:`numpy_seed`).
+
+Tensors and the profiler:
+
+* ``_utils.pin_memory.pin_memory``: torch's pin of a nested batch (the stage clock's timed pin);
+* ``torch.UntypedStorage._new_shared``: a storage in shared memory, written by a worker and sent without a copy
+  (:func:`shared_storage`);
+* ``_utils.collate.collate`` and ``default_collate_fn_map``: default_collate with extra types
+  (``fastloader.image.batching``);
+* ``torch.autograd.profiler._is_profiler_enabled``: whether a profiler records, checked before each stage label
+  (:func:`profiler_enabled`; read by the stage clock's worker half).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.autograd.profiler as _profiler
+import torch.utils.data._utils.worker as _worker
+import torch.utils.data.graph_settings
+from torch.utils.data import DataLoader, IterDataPipe, MapDataPipe, _DatasetKind
+from torch.utils.data._utils.collate import collate as collate_with
+from torch.utils.data._utils.collate import default_collate_fn_map
+from torch.utils.data._utils.pin_memory import pin_memory
+from torch.utils.data.dataloader import (
+    _BaseDataLoaderIter,
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
+)
+
+__all__ = [
+    "LoaderView",
+    "MultiProcessIterStartingAt",
+    "SingleProcessIterWith",
+    "awaited_batch",
+    "base_seed",
+    "batches_in_workers",
+    "collate_with",
+    "default_collate_fn_map",
+    "drop_persistent_iterator",
+    "fetcher_of",
+    "index_sampler",
+    "install_fetcher_factory",
+    "numpy_seed",
+    "persistent_iterator",
+    "pin_memory",
+    "profiler_enabled",
+    "set_worker_seed",
+    "shared_storage",
+    "shutdown_workers",
+    "take_reported_length",
+    "torch_fetcher_factory",
+    "worker_processes",
+]
+
+# --- the loader -------------------------------------------------------------------------------------------
+
+
+def index_sampler(loader: DataLoader[Any]) -> Any:
+    """What torch's iterator would take its indices from (``DataLoader._index_sampler``)."""
+    return DataLoader._index_sampler.fget(loader)  # type: ignore[attr-defined]
+
+
+def persistent_iterator(loader: DataLoader[Any]) -> Any:
+    """The iterator torch keeps with persistent workers; None before the first ``iter()`` (or when dropped)."""
+    return loader._iterator
+
+
+def drop_persistent_iterator(loader: DataLoader[Any]) -> None:
+    """Forget the persistent iterator and shut its workers down: the next ``iter()`` starts new ones."""
+    iterator, loader._iterator = loader._iterator, None
+    shutdown_workers(iterator)
+
+
+class LoaderView:
+    """``loader`` as a torch iterator made from this view sees it: ``index_sampler`` and ``overrides`` (public
+    arguments such as ``collate_fn``) in place of the loader's, every other attribute the loader's."""
+
+    def __init__(self, loader: DataLoader[Any], index_sampler: Any, **overrides: Any) -> None:
+        self._loader = loader
+        self._index_sampler = index_sampler
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_loader"], name)
+
+
+# --- the iterator -----------------------------------------------------------------------------------------
+
+
+def base_seed(iterator: Any) -> int:
+    """The base seed the iterator drew for its workers (torch draws it for ``num_workers=0`` too)."""
+    return int(getattr(iterator, "_base_seed", 0))
+
+
+def batches_in_workers(iterator: Any) -> int:
+    """Batches done by the workers and not yet taken from torch's result queue (0 when unknown)."""
+    queue = getattr(iterator, "_data_queue", None)
+    try:
+        return int(queue.qsize()) if queue is not None else 0
+    except (NotImplementedError, OSError):  # macOS has no sem_getvalue
+        return 0
+
+
+def take_reported_length(iterator: Any) -> tuple[int | None, Any, int]:
+    """Take over torch's check that an IterableDataset gives no more samples than ``len(loader)`` said: the
+    length reported (None: not asked, the check is off in torch's iterator from now), the dataset and the
+    number of workers, for the warning torch would give."""
+    reported = getattr(iterator, "_IterableDataset_len_called", None)
+    if reported is not None:
+        iterator._IterableDataset_len_called = None
+    return reported, getattr(iterator, "_dataset", None), int(getattr(iterator, "_num_workers", 0))
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """Stop the iterator's worker processes (and its pin-memory thread); nothing for a single-process one."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+
+
+def worker_processes(iterator: Any) -> list[Any]:
+    """The iterator's worker processes (``multiprocessing.Process``), in worker id order."""
+    return list(getattr(iterator, "_workers", []) or [])
+
+
+def awaited_batch(iterator: Any) -> tuple[int, int | None] | None:
+    """The task number of the batch the iterator returns next, and the worker it was sent to while that
+    worker has not answered (else None); None for an iterator without workers."""
+    try:
+        awaited = int(iterator._rcvd_idx)
+        info = iterator._task_info.get(awaited)
+    except AttributeError:
+        return None
+    return awaited, int(info[0]) if info is not None and len(info) == 1 else None
+
+
+def fetcher_of(iterator: Any) -> Any:
+    """A single-process iterator's fetcher (what turns indices into a batch)."""
+    return iterator._dataset_fetcher
+
+
+class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
+    """torch's multi-process iterator whose round of requests starts at worker ``first_worker()`` in each epoch
+    (torch starts it at worker 0): asked right before the first requests go out."""
+
+    def __init__(self, loader: Any, first_worker: Callable[[], int]) -> None:
+        self._first_worker_of = first_worker
+        self._first_worker = 0
+        super().__init__(loader)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._first_worker = self._first_worker_of()
+        super()._reset(loader, first_iter)
+
+    @property  # type: ignore[override]
+    def _worker_queue_idx_cycle(self) -> Iterator[int]:
+        cycle: Iterator[int] = self.__dict__["_cycle"]
+        return cycle
+
+    @_worker_queue_idx_cycle.setter
+    def _worker_queue_idx_cycle(self, cycle: Iterator[int]) -> None:
+        # torch makes a new cycle at each epoch, right before it sends the first requests
+        self.__dict__["_cycle"] = itertools.islice(cycle, self._first_worker, None)
+
+
+class SingleProcessIterWith(_SingleProcessDataLoaderIter):
+    """torch's single-process iterator whose fetcher is ``wrap(torch's fetcher, dataset)``."""
+
+    def __init__(self, loader: Any, wrap: Callable[[Any, Any], Any]) -> None:
+        _BaseDataLoaderIter.__init__(self, loader)  # torch's __init__ past this point, with the wrapped fetcher
+        if self._timeout != 0 or self._num_workers != 0:
+            raise ValueError("the single-process iterator needs timeout=0 and num_workers=0")
+        if isinstance(self._dataset, (IterDataPipe, MapDataPipe)):
+            torch.utils.data.graph_settings.apply_sharding(self._dataset, self._world_size, self._rank)
+        inner = _DatasetKind.create_fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
+        )
+        self._dataset_fetcher = wrap(inner, self._dataset)
+
+
+# --- the worker processes ---------------------------------------------------------------------------------
+
+FetcherFactory = Callable[[Any, Any, bool, Any, bool], Any]  # (kind, dataset, auto_collation, collate_fn, drop_last)
+
+
+def torch_fetcher_factory() -> FetcherFactory:
+    """The factory torch's worker loop makes its fetcher with (this process's, as installed now)."""
+    factory: FetcherFactory = _DatasetKind.create_fetcher
+    return factory
+
+
+def install_fetcher_factory(factory: FetcherFactory) -> None:
+    """Have this process's torch worker loop make its fetchers with ``factory`` (a worker process only: the
+    class is the whole process's)."""
+    _DatasetKind.create_fetcher = staticmethod(factory)  # type: ignore[method-assign]
+
+
+def set_worker_seed(seed: int) -> None:
+    """Make ``get_worker_info().seed`` say ``seed`` in this worker process."""
+    info = _worker._worker_info
+    if info is None:
+        raise RuntimeError("set_worker_seed runs in DataLoader worker processes only")
+    _worker._worker_info = dataclasses.replace(info, seed=seed)
+
+
+def numpy_seed(base_seed: int, worker_id: int) -> list[int]:
+    """What torch's worker loop seeds numpy with for ``base_seed`` and ``worker_id``."""
+    state: list[int] = _worker._generate_state(base_seed, worker_id)
+    return state
+
+
+# --- tensors and the profiler -----------------------------------------------------------------------------
+
+
+def shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """An uninitialised storage of ``nbytes`` in shared memory."""
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def profiler_enabled() -> bool:
+    """True while a torch profiler records in this process."""
+    return bool(_profiler._is_profiler_enabled)
