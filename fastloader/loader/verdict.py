@@ -121,9 +121,9 @@ def _advice(bottleneck: str | None, setting: Setting) -> list[str]:
     if bottleneck in ("decode", "transform", "dataset"):
         if idle:
             return [more_workers]
+        workers = f"{setting.num_workers} worker{'' if setting.num_workers == 1 else 's'}"
         busy = (
-            f"num_workers='auto' measured that more than {setting.num_workers} worker{'' if setting.num_workers == 1 else 's'}"
-            " do not pay here"
+            f"num_workers='auto' measured that more than {workers} do not pay here"
             if setting.measured_workers and setting.num_workers < cores
             else "every core is busy"
         )
