@@ -35,6 +35,7 @@ from typing import Any, overload
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, check_index
+from fastloader.datasets.file_list_index import parse_file_list
 from fastloader.datasets.folder_index import (
     FOLDER_KIND,
     FORMAT_VERSION,
@@ -46,7 +47,6 @@ from fastloader.datasets.folder_index import (
     default_index_path,
     filter_settings,
     load_or_build,
-    parse_file_list,
     scan_folder,
 )
 from fastloader.datasets.handles import ProcessLocal

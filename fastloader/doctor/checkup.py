@@ -101,7 +101,8 @@ def format_text(result: dict[str, Any]) -> str:
     data, config = result["dataset"], result["config"]
     lines.append(
         f"fastloader doctor: {data['path']} ({data['format']}, {data['images']} images); batch {config['batch_size']},"
-        f" {config['num_workers']} workers ({config['num_workers_asked']}), {config['transform']} pipeline,"
+        f" {config['num_workers']} worker{'' if config['num_workers'] == 1 else 's'} ({config['num_workers_asked']}),"
+        f" {config['transform']} pipeline,"
         f" step {config['step_ms']:g} ms, device {config['device']}"
     )
     lines.append("")

@@ -180,8 +180,9 @@ def _logged(choice: Choice, level: int = logging.INFO) -> Choice:
     measured = ", ".join(f"{t['num_workers']}: {t['images_per_s']:.0f} images/s" for t in choice.trials)
     log.log(
         level,
-        "fastloader 'auto': %d workers (prefetch_factor %s), %s%s in %.1f s",
+        "fastloader 'auto': %d worker%s (prefetch_factor %s), %s%s in %.1f s",
         choice.num_workers,
+        "" if choice.num_workers == 1 else "s",
         choice.prefetch_factor,
         choice.reason,
         f" ({measured})" if measured else "",

@@ -52,6 +52,7 @@ def setting_of(loader: DataLoaderX[Any]) -> Setting:
         cores_busy=busy,
         small_files=source in ("FolderSource", "FileListSource"),
         gpu_decode=runtime.decoder.counts.to_dict() if runtime.decoder is not None else None,
+        measured_workers=runtime.autotune is not None and runtime.autotune.reason.startswith("measured"),
     )
 
 

@@ -37,6 +37,9 @@ class Setting:
     # decode_on="cuda": the decoder's counts (fastloader.image.gpu_decode.DecodeCounts); the decode then
     # runs in the producer thread and is timed as part of h2d
     gpu_decode: Mapping[str, int] | None = None
+    # num_workers="auto" measured this number: more workers did not pay in its trials, so advising
+    # more would contradict the measurement
+    measured_workers: bool = False
 
 
 @dataclass
@@ -102,6 +105,7 @@ def _rate(ms_per_image: float) -> float | None:
 def _advice(bottleneck: str | None, setting: Setting) -> list[str]:
     cores = setting.usable_cores
     idle = setting.num_workers < cores or (setting.cores_busy is not None and setting.cores_busy < BUSY)
+    idle = idle and not setting.measured_workers
     more_workers = (
         f"more workers: num_workers={max(cores, setting.num_workers + 1)} (or num_workers='auto', which measures)"
     )
@@ -117,8 +121,14 @@ def _advice(bottleneck: str | None, setting: Setting) -> list[str]:
     if bottleneck in ("decode", "transform", "dataset"):
         if idle:
             return [more_workers]
+        workers = f"{setting.num_workers} worker{'' if setting.num_workers == 1 else 's'}"
+        busy = (
+            f"num_workers='auto' measured that more than {workers} do not pay here"
+            if setting.measured_workers and setting.num_workers < cores
+            else "every core is busy"
+        )
         return [
-            "every core is busy: pack with `fastloader pack --resize-max-side 256` (smaller JPEGs decode faster),"
+            f"{busy}: pack with `fastloader pack --resize-max-side 256` (smaller JPEGs decode faster),"
             " or decode on the GPU with decode_on='cuda'"
             + ("; fastloader.transforms fuse the crop and resize with the decode" if bottleneck == "transform" else "")
         ]

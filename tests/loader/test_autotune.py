@@ -80,7 +80,7 @@ def test_decode_bound_gets_more_workers_than_read_bound(tmp_path: Path, caplog: 
     rates = [t["images_per_s"] for t in read_choice["trials"]]
     assert rates[1] < 1.1 * rates[0]  # the measurement that made it stop
     logged = [r.getMessage() for r in caplog.records if "'auto'" in r.getMessage()]
-    assert len(logged) == 2 and f"{decode.num_workers} workers" in logged[0] and "1 workers" in logged[1]
+    assert len(logged) == 2 and f"{decode.num_workers} workers" in logged[0] and "1 worker " in logged[1]
 
 
 def test_the_same_batches_as_the_chosen_number_given_by_hand() -> None:

@@ -69,3 +69,14 @@ def test_capacity_counts_the_workers_in_parallel() -> None:
     assert verdict.capacity["workers"] == pytest.approx(1000.0)  # 4 workers at 4 ms per image
     assert verdict.capacity["main"] == pytest.approx(5000.0)
     assert verdict.bottleneck == "decode"
+
+
+def test_workers_that_auto_measured_are_not_advised_up() -> None:
+    """num_workers='auto' chose 1 of 2 cores because a second worker did not pay: the verdict must not tell the
+    user to add workers, which the measurement contradicts."""
+    figures = summary(0.5, decode=3.0, read=0.1)
+    guessed = judge(figures, Setting(1, 2, cores_busy=0.5))
+    measured = judge(figures, Setting(1, 2, cores_busy=0.5, measured_workers=True))
+    assert "num_workers=2" in " ".join(guessed.advice)
+    assert "num_workers=2" not in " ".join(measured.advice)
+    assert "measured that more than 1 worker do not pay" in measured.advice[0], measured.advice
