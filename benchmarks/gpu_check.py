@@ -631,7 +631,11 @@ def ring() -> dict[str, Any]:
         bad += (images[rows] != expected).flatten(1).any(1).sum()
         samples += len(rows)
     sync()
-    results["checked"] = {"samples": samples, "corrupted_samples": int(bad), "batch_ring": checked.stats()["batch_ring"]}
+    results["checked"] = {
+        "samples": samples,
+        "corrupted_samples": int(bad),
+        "batch_ring": checked.stats()["batch_ring"],
+    }
     return results
 
 
