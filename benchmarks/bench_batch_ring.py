@@ -1,8 +1,9 @@
 """The batch ring, on and off, A B A B: images/s, page faults per batch and CPU µs per image.
 
-Each measurement runs in a fresh interpreter: an LMDBDataset + the pipeline's transform, DataLoaderX with batch
-256, 2 persistent workers, shuffled; ``--warmup`` epochs (the workers start, each worker writes each slot it
-uses a first time: the page faults a ring pays once), then ``--epochs`` epochs measured. Figures per run:
+Each measurement runs in a fresh interpreter: an LMDBDataset + the pipeline's transform, DataLoaderX with
+batch ``--batch-size`` (256), 2 persistent workers, shuffled; ``--warmup`` epochs (the workers start, each
+worker writes each slot it uses a first time: the page faults a ring pays once), then ``--epochs`` epochs
+measured. Figures per run:
 
 - ``images_per_s``: images the loop received / wall-clock seconds (the loop reads one byte of every page of
   each batch, as the copy to the GPU or the model would read them all);
@@ -15,7 +16,7 @@ The ring is switched by the loader's private plan field (``batch_ring``), as ``b
 the clock. Data: ``fastloader.sample.make_sample_folder`` photos packed twice, as they are ("full") and with
 ``resize_max_side=256, quality=90`` ("256", FFCV's recipe), in ``--data``.
 
-    python benchmarks/bench_batch_ring.py [--images 2560] [--repeats 3] [--warmup 2] [--epochs 3]
+    python benchmarks/bench_batch_ring.py [--images 2560] [--batch-size 256] [--repeats 3] [--warmup 2] [--epochs 3]
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from fastloader import DataLoaderX
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
 lmdb, transform, ring = sys.argv[1], eval(sys.argv[2]), sys.argv[3] == "on"
-warmup, epochs = int(sys.argv[4]), int(sys.argv[5])
-loader = DataLoaderX(LMDBDataset(lmdb, transform=transform), batch_size=256, shuffle=True, num_workers=2,
+warmup, epochs, batch_size = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+loader = DataLoaderX(LMDBDataset(lmdb, transform=transform), batch_size=batch_size, shuffle=True, num_workers=2,
                      persistent_workers=True)
 loader._plan = dataclasses.replace(loader._plan, batch_ring=ring)
 
@@ -105,9 +106,10 @@ def make_data(data: Path, images: int) -> dict[str, str]:
     return {name: str(path) for name, path in packs.items()}
 
 
-def run(lmdb: str, pipeline: str, ring: str, warmup: int, epochs: int) -> dict[str, Any]:
+def run(lmdb: str, pipeline: str, ring: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-c", RUN, lmdb, PIPELINES[pipeline], ring, str(warmup), str(epochs)]
+    command = [sys.executable, "-c", RUN, lmdb, PIPELINES[pipeline], ring]
+    command += [str(args.warmup), str(args.epochs), str(args.batch_size)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -116,15 +118,17 @@ def run(lmdb: str, pipeline: str, ring: str, warmup: int, epochs: int) -> dict[s
 FIGURES = ("images_per_s", "us_per_image", "main_faults_per_batch", "worker_faults_per_batch", "handoff_ms")
 
 
-def compare(lmdb: str, pipeline: str, repeats: int, warmup: int, epochs: int) -> dict[str, Any]:
+def compare(lmdb: str, pipeline: str, args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-    for _ in range(repeats):  # A B A B
+    for _ in range(args.repeats):  # A B A B
         for side in ("off", "on"):
-            runs[side].append(run(lmdb, pipeline, side, warmup, epochs))
+            runs[side].append(run(lmdb, pipeline, side, args))
     medians = {side: {key: statistics.median(r[key] for r in rs) for key in FIGURES} for side, rs in runs.items()}
+    paired = [on["images_per_s"] / off["images_per_s"] for off, on in zip(runs["off"], runs["on"])]
     return {
         "median": medians,
-        "on_vs_off": medians["on"]["images_per_s"] / medians["off"]["images_per_s"],
+        "on_vs_off": statistics.median(paired),  # within each A B pair: the machine drifts less than across the run
+        "on_vs_off_pairs": paired,
         "us_per_image_saved": medians["off"]["us_per_image"] - medians["on"]["us_per_image"],
         "runs": runs,
     }
@@ -135,6 +139,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2560)
     parser.add_argument("--data", default=str(ROOT / "data"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2, help="epochs before the measured ones")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--packs", nargs="+", choices=["full", "256"], default=["256", "full"])
@@ -146,7 +151,7 @@ def main() -> None:
         "benchmark": "batch_ring",
         "images": args.images,
         "cores": os.cpu_count(),
-        "batch_size": 256,
+        "batch_size": args.batch_size,
         "num_workers": 2,
         "epochs_warmup": args.warmup,
         "epochs_measured": args.epochs,
@@ -154,7 +159,7 @@ def main() -> None:
     }
     for pack_name in args.packs:
         for pipeline in args.pipelines:
-            figures = compare(packs[pack_name], pipeline, args.repeats, args.warmup, args.epochs)
+            figures = compare(packs[pack_name], pipeline, args)
             result[f"{pack_name}/{pipeline}"] = figures
             off, on = figures["median"]["off"], figures["median"]["on"]
             print(
