@@ -26,6 +26,8 @@ Steps (on the GPU machine: one CUDA GPU, 16 cores, no network):
 * ``graph_thread_local``, ``graph_global``: CUDA-graph capture in the loop while the loader runs.
 * ``copy_race``: side-stream copies under a busy consumer, on the default stream and another; every
   sample checked exactly.
+* ``ring``: the batch ring off and on, A B A B (images/s, the hand-off / pin / copy stages, whether it is
+  pinned, fallbacks), then 4 random images of every batch checked on the GPU while the loop keeps it busy.
 * ``throughput``: images/s of the train pipeline, decode on cuda vs cpu (16 workers, and cuda with 4),
   the producer's ms per batch, GPU memory.
 * ``wait_fraction``: share of a fixed 30 ms GPU step spent waiting for data: torch's DataLoader
@@ -563,6 +565,80 @@ def copy_race() -> dict[str, Any]:
     return results
 
 
+# ---------------------------------------------------------------- the batch ring: pinned slots, reused, A B A B
+class Indexed:
+    """The sample folder's images, image i labelled i: a batch names its samples, each can be checked."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read(self, index: int) -> bytes:
+        return self.source.read(index)
+
+    def label(self, index: int) -> int:
+        return index
+
+    def key(self, index: int) -> str:
+        return self.source.key(index)
+
+
+def ring() -> dict[str, Any]:
+    """Ring off / on, A B A B (images/s, the pin and copy stages, the ring's counts), then every batch of an
+    epoch checked (4 random images each, on the GPU) while the loop keeps the GPU busy, slots reused."""
+    import dataclasses
+
+    from fastloader.datasets.base import ImageDataset
+
+    dataset = ImageDataset(Indexed(folder(None).source), transform=T.Compose([T.Resize(256), T.CenterCrop(224)]))
+    batch, workers, epochs = size((256, CORES, 2), (8, 2, 1))
+
+    def loader(on: bool, **extra: Any) -> DataLoaderX:
+        made = DataLoaderX(dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=True,
+                           persistent_workers=True, device=DEV, **extra)  # fmt: skip
+        made._plan = dataclasses.replace(made._plan, batch_ring=on)
+        return made
+
+    results: dict[str, Any] = {"off": [], "on": []}
+    for _ in range(2):
+        for side in ("off", "on"):
+            timed = loader(side == "on")
+            for _images, _labels in timed:  # warm-up: the workers start, the ring's slots are touched
+                pass
+            sync()
+            start, count = time.perf_counter(), 0
+            for _ in range(epochs):
+                for images, _labels in timed:
+                    count += images.shape[0]
+            sync()
+            figures = loader_figures(timed)
+            results[side].append({
+                "images_per_s": count / (time.perf_counter() - start),
+                "p50_ms_per_batch": {k: figures["p50_ms_per_batch"].get(k) for k in ("handoff", "pin", "h2d", "wait")},
+                "batch_ring": timed.stats()["batch_ring"],
+            })  # fmt: skip
+            del timed
+            gc.collect()
+    checked = loader(True, max_prefetch=1)
+    bad = torch.zeros((), dtype=torch.int64, device=DEV)
+    samples = 0
+    for images, labels in checked:
+        gpu_sleep(5.0)  # the loop's work: copies queue behind it while the workers refill the ring
+        rows = random.sample(range(images.shape[0]), k=min(4, images.shape[0]))
+        expected = torch.stack([dataset[int(labels[row])][0] for row in rows]).to(images.device)
+        bad += (images[rows] != expected).flatten(1).any(1).sum()
+        samples += len(rows)
+    sync()
+    results["checked"] = {
+        "samples": samples,
+        "corrupted_samples": int(bad),
+        "batch_ring": checked.stats()["batch_ring"],
+    }
+    return results
+
+
 # ---------------------------------------------------------------- throughput and GPU memory
 def throughput() -> dict[str, Any]:
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -733,6 +809,7 @@ STEPS: dict[str, Callable[[], dict[str, Any]]] = {
     "graph_thread_local": lambda: graph("thread_local"),
     "graph_global": lambda: graph("global"),
     "copy_race": copy_race,
+    "ring": ring,
     "throughput": throughput,
     "wait_fraction": wait_fraction,
     "scaling": scaling,

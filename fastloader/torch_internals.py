@@ -27,7 +27,9 @@ The iterator (``_BaseDataLoaderIter`` and ``_MultiProcessingDataLoaderIter``):
   (:func:`worker_processes`, :func:`awaited_batch`);
 * subclassing ``_MultiProcessingDataLoaderIter``: ``_reset(loader, first_iter)`` sets
   ``_worker_queue_idx_cycle`` right before the first requests go out; a resumed epoch starts that cycle at
-  another worker (:class:`MultiProcessIterStartingAt`);
+  another worker; ``_shutdown_workers()`` (which sets ``_shutdown`` once it has stopped the workers) is
+  followed by a callback: the batch ring takes back the slots of workers now dead
+  (:class:`MultiProcessIterStartingAt`);
 * subclassing ``_SingleProcessDataLoaderIter``: its ``__init__`` re-made from ``_BaseDataLoaderIter.__init__``,
   ``_DatasetKind.create_fetcher`` and the iterator's ``_dataset_kind``, ``_auto_collation``, ``_collate_fn``,
   ``_drop_last``, ``_timeout``, ``_num_workers``, ``_world_size``, ``_rank``, ``_dataset_fetcher``, so that the
@@ -187,12 +189,23 @@ def fetcher_of(iterator: Any) -> Any:
 
 class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
     """torch's multi-process iterator whose round of requests starts at worker ``first_worker()`` in each epoch
-    (torch starts it at worker 0): asked right before the first requests go out."""
+    (torch starts it at worker 0): asked right before the first requests go out. ``on_shutdown(iterator)`` runs
+    once, after the ``_shutdown_workers()`` that stopped the workers (at the end of an epoch, when dropped)."""
 
-    def __init__(self, loader: Any, first_worker: Callable[[], int]) -> None:
+    def __init__(
+        self, loader: Any, first_worker: Callable[[], int], on_shutdown: Callable[[Any], None] | None = None
+    ) -> None:
         self._first_worker_of = first_worker
         self._first_worker = 0
+        self._on_shutdown = on_shutdown
         super().__init__(loader)
+
+    def _shutdown_workers(self) -> None:
+        super()._shutdown_workers()
+        on_shutdown = self.__dict__.get("_on_shutdown")
+        if on_shutdown is not None and self.__dict__.get("_shutdown"):  # torch skips it at interpreter exit
+            self._on_shutdown = None  # once: torch calls this again when the iterator is collected
+            on_shutdown(self)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._first_worker = self._first_worker_of()

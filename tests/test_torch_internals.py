@@ -6,6 +6,7 @@ upgrade, a failure here names the internal that moved.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import multiprocessing
 import time
@@ -148,6 +149,31 @@ def test_the_length_check_can_be_taken_over() -> None:
         warnings.simplefilter("error")  # torch's own "Length of IterableDataset" warning is gone
         assert [int(item) for item in iterator] == [0, 1, 2, 3]
     assert internals.take_reported_length(iter(DataLoader(Counted(), batch_size=None)))[0] is None  # len() not asked
+
+
+class Watched(DataLoader[int]):
+    """Its iterator says, once, what its workers were when they had been shut down."""
+
+    def __init__(self, stopped: list[list[bool]], persistent: bool) -> None:
+        super().__init__(Numbers(), batch_size=2, num_workers=2, persistent_workers=persistent)
+        self.stopped = stopped
+
+    def _get_iterator(self) -> Any:
+        def record(iterator: Any) -> None:
+            self.stopped.append([process.is_alive() for process in internals.worker_processes(iterator)])
+
+        return internals.MultiProcessIterStartingAt(self, lambda: 0, on_shutdown=record)
+
+
+def test_the_iterator_calls_back_once_its_workers_are_shut_down() -> None:
+    stopped: list[list[bool]] = []
+    assert len(list(Watched(stopped, persistent=False))) == 4
+    gc.collect()
+    assert stopped == [[False, False]]  # at the end of the epoch (torch shuts them down), not again when collected
+    persistent = Watched(stopped, persistent=True)
+    assert len(list(persistent)) == 4 and len(stopped) == 1  # persistent workers stay
+    internals.drop_persistent_iterator(persistent)
+    assert stopped == [[False, False], [False, False]]
 
 
 class StartingAt(DataLoader[int]):

@@ -164,10 +164,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
         if self._layout is not None:
             return self._sample_batch(indices)
-        fused = self._fused()
-        size = fused.output_size if fused is not None else None
-        policy = self._errors
-        if fused is None or size is None or self._decode_device != "cpu":
+        fused, size, policy = self._fused(), self.batch_buffer_size(), self._errors
+        if fused is None or size is None:
             if policy is None:
                 return [self[index] for index in indices]
             items = (policy.fetch(check_index(i, len(self)), self.source.key, self._item) for i in indices)
@@ -184,6 +182,18 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if len(kept) < len(indices):
             buffer = buffer[kept]  # skipped samples: a shorter batch (rare: a copy is fine)
         return PrecollatedBatch(buffer, targets)
+
+    def batch_buffer_size(self) -> tuple[int, int] | None:
+        """``(height, width)`` of the uint8 batch buffer ``__getitems__`` decodes a batch into, or None when it
+        makes none (no fused transform of fixed size, GPU decode, fields without an image). A DataLoaderX sizes
+        its batch ring by it (``fastloader.image.batch_ring``)."""
+        fused = self._fused()
+        size = fused.output_size if fused is not None else None
+        if size is None or self._decode_device != "cpu":
+            return None
+        if self._layout is not None and not self._layout.wants_image:
+            return None
+        return size
 
     def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
         """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""
@@ -339,11 +349,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def _sample_batch(self, indices: Sequence[int]) -> FieldBatch:
         """Items ``indices`` as a :class:`FieldBatch`; fixed-size images decoded into one batch buffer."""
-        layout, fused, policy = self._layout, self._fused(), self._errors
+        layout, size, policy = self._layout, self.batch_buffer_size(), self._errors
         assert layout is not None
-        size = fused.output_size if fused is not None else None
-        buffered = size is not None and self._decode_device == "cpu" and layout.wants_image
-        buffer = allocate_batch(len(indices), *size) if buffered and size is not None else None
+        buffer = allocate_batch(len(indices), *size) if size is not None else None
         pixels = None if buffer is None else buffer.numpy()
         samples, kept = [], []
         for slot, index in enumerate(indices):

@@ -2,9 +2,10 @@
 
 torch's fetcher calls ``dataset.__getitems__(indices)`` when a dataset defines it. For a fused
 transform with a fixed output size, :class:`~fastloader.datasets.base.ImageDataset` allocates
-one uint8 ``(N, H, W, 3)`` buffer (:func:`allocate_batch`: in a worker process directly in shared
-memory, as ``default_collate`` does, so handing it to the main process copies nothing), decodes
-each sample into its slot and returns a :class:`PrecollatedBatch`.
+one uint8 ``(N, H, W, 3)`` buffer (:func:`allocate_batch`: a slot of the DataLoaderX's batch ring,
+``fastloader.image.batch_ring``, else fresh memory, in a worker process directly in shared memory, as
+``default_collate`` does, so handing it to the main process copies nothing), decodes each sample into
+its row and returns a :class:`PrecollatedBatch`.
 
 :func:`collate` turns that into ``[images, labels]`` without a copy — ``images`` is N×3×H×W uint8
 in channels_last memory (the buffer, permuted), ``labels`` int64 — and is ``default_collate`` for
@@ -21,10 +22,6 @@ and :func:`collate` hands over what that method gives.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import mmap
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -33,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from fastloader.image import batch_ring, pages
 from fastloader.image.decode import ImageHeader
 from fastloader.image.geometry import CropPlan
 from fastloader.torch_internals import collate_with, default_collate_fn_map, shared_storage
@@ -50,55 +48,21 @@ class EncodedImage:
 
 
 def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
-    """An uninitialised uint8 ``(count, height, width, 3)`` tensor; in a DataLoader worker, in shared memory."""
+    """An uninitialised uint8 ``(count, height, width, 3)`` tensor: the fetch's batch ring slot when a DataLoaderX
+    gave it one (``fastloader.image.batch_ring``), else fresh memory (in a DataLoader worker, shared memory)."""
     shape = (count, height, width, 3)
+    slot = batch_ring.take(count * height * width * 3)
+    if slot is not None:
+        return slot.view(shape)
     if get_worker_info() is None:
         buffer = torch.empty(shape, dtype=torch.uint8)
     else:
         # Shared from the start: the worker's queue then sends a handle to it instead of copying it.
         storage = shared_storage(count * height * width * 3)
         buffer = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    _populate(buffer)
+    if buffer.numel():
+        pages.populate(buffer.data_ptr(), buffer.numel())  # fresh memory: its pages in one call
     return buffer
-
-
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise`` on Linux, else None (looked up once)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-def _populate(buffer: torch.Tensor) -> None:
-    """Map every page of a new batch buffer in one call instead of one page fault per 4 KiB.
-
-    A batch buffer is fresh memory each time (38 MB at 256 x 224² x 3): writing the images into it
-    faults its pages in one by one, 70-90 us per 224² image (measured, 2-core VM), as much as a small
-    JPEG's resize. ``MADV_POPULATE_WRITE`` maps them in one system call: 10-25% less for allocating and
-    filling a buffer (measured in isolation; reusing buffers would save all of it). Best effort: older
-    kernels refuse it (EINVAL) and the pages fault in as before.
-    """
-    global _populate_works
-    madvise = _madvise() if _populate_works else None
-    if madvise is None or buffer.numel() == 0:
-        return
-    address = buffer.data_ptr()
-    start = address - address % mmap.PAGESIZE
-    if madvise(start, address + buffer.numel() - start, _MADV_POPULATE_WRITE) != 0:
-        _populate_works = False  # not supported here: do not ask again
-
-
-_populate_works = True
 
 
 def collate_labels(targets: Sequence[Any]) -> Any:

@@ -234,7 +234,10 @@ class DataLoaderX(DataLoader[T_co]):
           ``wait_fraction`` (its share of time waiting for data), ``stages`` (each stage's total seconds,
           ms per image, per-batch p50 / p90 / p99 and where it runs: see ``fastloader.loader.stage_clock``),
           ``queues`` (mean batches ready ahead of the loop and in the workers' queue), ``timeline``;
-        * ``verdict``: the grade, the slowest stage and the next step (``fastloader.loader.verdict``).
+        * ``verdict``: the grade, the slowest stage and the next step (``fastloader.loader.verdict``);
+        * ``batch_ring``: the reused batch buffers (``slots``, ``bytes``, ``reused``: batches written into a slot,
+          ``fresh``: batches that found every slot in use, ``in_use``, ``pinned``), None without a ring
+          (``fastloader.image.batch_ring``).
         """
         return loader_stats(self)
 

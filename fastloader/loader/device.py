@@ -10,13 +10,19 @@ a per-epoch stream made reserved GPU memory grow every epoch in a popular prefet
 2. Consumer (training) thread, when it takes the batch: its current stream waits on that event,
    and every tensor gets ``record_stream(consumer)`` so the caching allocator cannot hand the memory
    to someone else while the consumer's kernels may still read it.
+3. The host batch stays referenced by the copier until that event has completed (checked with
+   ``Event.query()`` at each send and receive, never by timing): the copy engine reads it asynchronously,
+   and memory torch's pinned allocator did not make (a batch ring slot, ``fastloader.image.batch_ring``)
+   would otherwise be freed, and written again by a worker, while the copy still reads it.
 
 No CUDA call is ever made in a worker process: all of this runs in the main process.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -102,9 +108,12 @@ class CudaCopier:
         self.prepare = prepare  # on the side stream, before the copy (GPU decode)
         self.finish = finish  # on the side stream, after the copy (float + normalize)
         self.stream = torch.cuda.Stream(device=device)
+        self._copying: collections.deque[tuple[torch.cuda.Event, Any]] = collections.deque()  # (event, host batch)
+        self._lock = threading.Lock()
 
     def send(self, batch: Any, consumer: torch.cuda.Stream) -> InFlight:
         """Queue the copy of ``batch`` (producer thread)."""
+        host = batch
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self.stream.wait_stream(consumer)
             if self.prepare is not None:
@@ -114,7 +123,22 @@ class CudaCopier:
                 moved = self.finish(moved)
             ready = torch.cuda.Event()
             ready.record(self.stream)
+        self._hold(ready, host)
         return InFlight(moved, ready)
+
+    def _hold(self, ready: torch.cuda.Event | None, host: Any = None) -> None:
+        """Keep ``host`` until ``ready`` has completed; let go of the host batches whose copies have (in order:
+        one stream's events complete in the order they were recorded)."""
+        with self._lock:
+            if ready is not None:
+                self._copying.append((ready, host))
+            while self._copying and self._copying[0][0].query():
+                self._copying.popleft()
+
+    def copying(self) -> int:
+        """Host batches still referenced because their copies may not have completed."""
+        self._hold(None)
+        return len(self._copying)
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=self.non_blocking)
@@ -125,6 +149,7 @@ class CudaCopier:
         consumer.wait_event(item.ready)
         for tensor in _device_tensors(item.batch, self.device):
             tensor.record_stream(consumer)
+        self._hold(None)
         return item.batch
 
 

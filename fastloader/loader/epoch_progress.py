@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
+from fastloader.loader.batch_slots import RingDispatch
 from fastloader.loader.resume_samplers import snapshot_indexer, stateful_indexer
 from fastloader.loader.stage_clock import stamp
 from fastloader.loader.worker_state import Delivery, WorkerState
@@ -136,20 +137,26 @@ class Progress:
 
 class EpochIndices:
     """The index sampler torch's iterator takes (and keeps, with persistent workers): each iteration of it
-    asks the cursor for the current iteration's batches, stamped with their place in the order."""
+    asks the cursor for the current iteration's batches, stamped with their place in the order and, with a
+    batch ring (``ring``: that iterator's :class:`~fastloader.loader.batch_slots.RingDispatch`), a free slot."""
 
-    def __init__(self, cursor: ResumeCursor, inner: Any, in_workers: bool) -> None:
+    def __init__(self, cursor: ResumeCursor, inner: Any, in_workers: bool, ring: RingDispatch | None = None) -> None:
         self.cursor = cursor
         self.inner = inner
         self.in_workers = in_workers
+        self.ring = ring
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: torch calls iter() twice when its iterator starts and uses the second one.
         progress = self.cursor.current
         if progress is None:
             raise RuntimeError("EpochIndices iterated outside DataLoaderX.__iter__")
+        ring = self.ring
+        if ring is not None:
+            ring.epoch_starts()
         for ordinal, indices in progress.batches_of(self.inner):
-            yield stamp(indices, ordinal, self.in_workers)
+            slot = ring.slot() if ring is not None and type(indices) is list else None
+            yield stamp(indices, ordinal, self.in_workers, slot)
 
     def __len__(self) -> int:
         return len(self.inner)

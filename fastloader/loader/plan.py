@@ -49,6 +49,7 @@ class LoaderPlan:
     autotune: bool  # num_workers / prefetch_factor were "auto": measured at the first iter()
     user_batch_sampler: bool  # the user gave the batch sampler (its own state is resumed, not torch's)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
+    batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
 
     @property
     def to_cuda(self) -> bool:

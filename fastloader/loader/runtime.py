@@ -4,8 +4,9 @@ besides its resume cursor (``fastloader.loader.resume``).
 The plan (``fastloader.loader.plan``) says what the loader does; the runtime holds what doing it needs across
 epochs: the stage clock's totals, the autotune's choice, the side stream's copier and the GPU decoder (made
 at the first ``iter()``, one per loader, never per epoch), the watchdog's stack directory, the CPU meter and
-the epoch being delivered. A copy of the loader (pickle, ``copy.deepcopy``) keeps the totals and the choice
-and makes its own stream, decoder, directory and meter.
+the epoch being delivered, and the batch ring (``fastloader.loader.batch_slots``: made before the first
+workers start, kept while the batch shape fits). A copy of the loader (pickle, ``copy.deepcopy``) keeps the
+totals and the choice and makes its own stream, decoder, directory, meter and ring.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastloader.loader.stage_stats import Mark, StageStats
 from fastloader.loader.watchdog import StackDir
 
 if TYPE_CHECKING:
+    from fastloader.loader.batch_slots import LoaderRing
     from fastloader.loader.cpu_use import CpuMeter
     from fastloader.loader.prefetch_iterator import PrefetchIterator
 
@@ -37,6 +39,7 @@ class LoaderRuntime:
         self.stack_dir: StackDir | None = None  # where workers dump their stacks (watchdog), made on demand
         self.copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
         self.decoder: GpuDecoder | None = None  # decode_on="cuda": made with the copier
+        self.ring: LoaderRing | None = None  # the batch ring, made by the first iterator that can use one
         self._live: weakref.ref[PrefetchIterator] | None = None  # the epoch being delivered
 
     def start_epoch(self, plan: LoaderPlan, workers: bool) -> None:
@@ -71,5 +74,5 @@ class LoaderRuntime:
     def __getstate__(self) -> dict[str, Any]:
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
-        state.update(copier=None, decoder=None, _live=None, cpu_meter=None, stack_dir=None, report_mark=None)
+        state.update(copier=None, decoder=None, _live=None, cpu_meter=None, stack_dir=None, report_mark=None, ring=None)
         return state

@@ -35,6 +35,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from fastloader.image.batch_ring import SlotRef, arrived, begin_fetch, pack
 from fastloader.timing import labelled, tally
 from fastloader.torch_internals import pin_memory as _pin_memory
 
@@ -60,19 +61,22 @@ class BatchTiming:
 
 
 class TimedBatch:
-    """A collated batch travelling with its timing (None: not timed) and its worker's state (a
-    ``fastloader.loader.worker_state.Delivery``, or None), from the worker to DataLoaderX's producer thread.
+    """A collated batch travelling with its timing (None: not timed), its worker's state (a
+    ``fastloader.loader.worker_state.Delivery``, or None) and the batch ring slot its fetch was given (None:
+    none), from the worker to DataLoaderX's producer thread.
 
     Deliberately neither a sequence nor a mapping: torch's pin-memory thread then calls
-    :meth:`pin_memory`, which pins the batch inside (as torch would have) and times it.
+    :meth:`pin_memory`, which pins the batch inside (as torch would have) and times it; a batch in a pinned
+    batch ring slot is pinned already, and torch passes it through untouched.
     """
 
-    __slots__ = ("batch", "timing", "state")
+    __slots__ = ("batch", "timing", "state", "ring")
 
-    def __init__(self, batch: Any, timing: BatchTiming | None, state: Any = None) -> None:
+    def __init__(self, batch: Any, timing: BatchTiming | None, state: Any = None, ring: SlotRef | None = None) -> None:
         self.batch = batch
         self.timing = timing
         self.state = state
+        self.ring = ring
 
     def pin_memory(self) -> TimedBatch:
         start = perf_counter()
@@ -84,8 +88,11 @@ class TimedBatch:
 
     def __reduce__(self) -> tuple[Callable[..., TimedBatch], tuple[Any, ...]]:
         # Unpickling calls perf_counter() first (the arrival starts), then rebuilds the batch, then
-        # _arrived: the difference is the hand-off's cost in the receiving process.
-        return _arrived, (_Now(), self.batch, self.timing, self.state)
+        # _arrived: the difference is the hand-off's cost in the receiving process. Tensors in the fetch's
+        # ring slot travel as markers (fastloader.image.batch_ring), rebuilt as views before _arrived runs.
+        if self.ring is None:
+            return _arrived, (_Now(), self.batch, self.timing, self.state)
+        return _arrived, (_Now(), pack(self.batch, self.ring), self.timing, self.state, self.ring)
 
 
 class _Now:
@@ -95,7 +102,11 @@ class _Now:
         return perf_counter, ()
 
 
-def _arrived(started: float, batch: Any, timing: BatchTiming | None, state: Any = None) -> TimedBatch:
+def _arrived(
+    started: float, batch: Any, timing: BatchTiming | None, state: Any = None, ring: SlotRef | None = None
+) -> TimedBatch:
+    if ring is not None:
+        arrived(ring)  # a slot the batch does not view is free again
     if timing is not None:
         timing.handoff = perf_counter() - started
     return TimedBatch(batch, timing, state)
@@ -103,37 +114,42 @@ def _arrived(started: float, batch: Any, timing: BatchTiming | None, state: Any 
 
 class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
-    (and the batch's place ``task`` in its iteration's order, for resume)."""
+    (and the batch's place ``task`` in its iteration's order, for resume, and its batch ring ``slot``)."""
 
     task: int | None = None
+    slot: SlotRef | None = None
 
-    def __reduce__(self) -> tuple[Callable[..., list[Any]], tuple[list[Any], int | None]]:
-        return _fetch_begins, (list(self), self.task)
+    def __reduce__(self) -> tuple[Callable[..., list[Any]], tuple[Any, ...]]:
+        if self.slot is None:
+            return _fetch_begins, (list(self), self.task)
+        return _fetch_begins, (list(self), self.task, self.slot)
 
 
-def stamped(indices: list[Any], task: int | None) -> StampedIndices:
+def stamped(indices: list[Any], task: int | None, slot: SlotRef | None = None) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task = task
+    out.task, out.slot = task, slot
     return out
 
 
-def _fetch_begins(indices: list[Any], task: int | None = None) -> list[Any]:
+def _fetch_begins(indices: list[Any], task: int | None = None, slot: SlotRef | None = None) -> list[Any]:
     start = _TALLY
     start.fetch_start = perf_counter()
     start.task = task
     start.read = start.decode = start.transform = 0.0
+    begin_fetch(slot)
     return indices  # a plain list: the dataset sees exactly what torch's sampler made
 
 
-def stamp(indices: Any, task: int | None, in_workers: bool) -> Any:
+def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None) -> Any:
     """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
-    ``task`` in the iteration's order): with worker processes the worker marks it on unpickling (see
-    :class:`StampedIndices`); without, the producer thread runs the fetch right after taking the indices,
-    so the mark is made now. Indices that are not a plain list travel as they are (no mark)."""
+    ``task`` in the iteration's order, and the batch ring ``slot`` it may write): with worker processes the
+    worker marks it on unpickling (see :class:`StampedIndices`); without, the producer thread runs the fetch
+    right after taking the indices, so the mark is made now. Indices that are not a plain list travel as
+    they are (no mark: the caller gives them no slot)."""
     if not in_workers:
-        _fetch_begins([], task)
+        _fetch_begins([], task, slot)
         return indices
-    return stamped(indices, task) if type(indices) is list else indices
+    return stamped(indices, task, slot) if type(indices) is list else indices
 
 
 class TimedCollate:

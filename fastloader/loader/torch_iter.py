@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
+from fastloader.loader.batch_slots import ring_dispatch
 from fastloader.loader.epoch_progress import EpochIndices, Progress
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
@@ -51,16 +52,19 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     stack_dir = loader._runtime.stack_dir
     if stack_dir is not None and workers:
         init_fn = StackDumpInit(stack_dir.path, init_fn)
+    ring = ring_dispatch(loader)  # made before the workers start: they map it (fastloader.image.batch_ring)
+    handle = ring.ring.handle() if ring is not None and workers else None
     view = LoaderView(
         loader,
-        EpochIndices(cursor, index_sampler(loader), in_workers=workers),
+        EpochIndices(cursor, index_sampler(loader), in_workers=workers, ring=ring),
         collate_fn=TimedCollate(loader.collate_fn) if loader._plan.stage_clock else loader.collate_fn,
-        worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn) if workers else init_fn,
+        worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn, handle) if workers else init_fn,
     )
     if workers:
         loader.check_worker_number_rationality()
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
-        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor))
+        stopped = ring.workers_stopped if ring is not None else None
+        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), on_shutdown=stopped)
     return _single_process(loader, view, progress)
 
 

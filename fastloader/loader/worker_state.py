@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
 from fastloader.torch_internals import install_fetcher_factory, numpy_seed, set_worker_seed, torch_fetcher_factory
@@ -145,14 +146,25 @@ class StatefulFetcher:
                 raise
             self.end_sent = True
             return TimedBatch(None, None, dataclasses.replace(self._delivery(None), end=True))
+        finally:
+            slot = self._fetch_ended()
         self.batches += 1
         counted = tally()
         delivery = self._delivery(counted.task)
         counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
-        if isinstance(data, TimedBatch):
-            data.state = delivery
-            return data
-        return TimedBatch(data, None, delivery)
+        batch = data if isinstance(data, TimedBatch) else TimedBatch(data, None)
+        batch.state, batch.ring = delivery, slot
+        return batch
+
+    def _fetch_ended(self) -> SlotRef | None:
+        """The batch ring slot the fetch was given (``fastloader.image.batch_ring``): in a worker it travels
+        with the batch; in the loader's process (num_workers=0) the fetch is over, so the slot is free again
+        unless the batch views it."""
+        slot = end_fetch()
+        if slot is not None and not self.in_worker:
+            arrived(slot)
+            return None
+        return slot
 
     def state_now(self) -> dict[str, Any]:
         """This worker's state now (before its first batch: what a state at position 0 restores)."""
@@ -218,12 +230,14 @@ class _Agent:
 
 
 class WorkerStart:
-    """The worker_init_fn torch's workers get: the seeds of a resumed worker, the stateful fetcher, then
-    ``inner`` (the user's worker_init_fn, or the watchdog's wrapper of it)."""
+    """The worker_init_fn torch's workers get: the seeds of a resumed worker, the stateful fetcher, the batch
+    ring's mapping (``ring``: None without one), then ``inner`` (the user's worker_init_fn, or the watchdog's
+    wrapper of it)."""
 
-    def __init__(self, plan: WorkerPlan, inner: Callable[[int], None] | None) -> None:
+    def __init__(self, plan: WorkerPlan, inner: Callable[[int], None] | None, ring: RingHandle | None = None) -> None:
         self.plan = plan
         self.inner = inner
+        self.ring = ring
 
     def __call__(self, worker_id: int) -> None:
         info = get_worker_info()
@@ -237,6 +251,8 @@ class WorkerStart:
         # This process is one of this loader's workers: torch's worker loop makes its fetcher right after
         # this function returns (and again each epoch with persistent workers).
         install_fetcher_factory(agent.create_fetcher)
+        if self.ring is not None:
+            attach(self.ring)
         if self.inner is not None:
             self.inner(worker_id)
 

@@ -164,7 +164,7 @@ def test_gpu_decode_refuses_transforms_it_cannot_plan(folder: Path) -> None:
 
 def test_a_batch_buffer_without_madvise_populate_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
     """Populating the pages up front is best effort: a kernel that refuses it is asked once, then left alone."""
-    from fastloader.image import batching
+    from fastloader.image import pages
 
     calls: list[int] = []
 
@@ -172,10 +172,10 @@ def test_a_batch_buffer_without_madvise_populate_still_works(monkeypatch: pytest
         calls.append(advice)
         return -1
 
-    monkeypatch.setattr(batching, "_madvise", lambda: refusing)
-    monkeypatch.setattr(batching, "_populate_works", True)
+    monkeypatch.setattr(pages, "_madvise", lambda: refusing)
+    monkeypatch.setattr(pages, "_refused", set())
     for _ in range(2):
         buffer = allocate_batch(3, 8, 8)
         buffer.fill_(7)
         assert buffer.shape == (3, 8, 8, 3) and int(buffer.sum()) == 7 * buffer.numel()
-    assert calls == [batching._MADV_POPULATE_WRITE]
+    assert calls == [pages.POPULATE_WRITE]
