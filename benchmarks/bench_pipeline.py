@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torchvision
+from procmem import children  # a sibling module: benchmarks/ is on sys.path when run
 from torch.utils.data import DataLoader
 from torchvision import transforms as tv
 
@@ -54,17 +55,6 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as file:
-                found += [int(child) for child in file.read().split()]
-        except OSError:
-            continue
-    return found
 
 
 class PeakRSS:
