@@ -16,7 +16,10 @@ it); FFCV (in ``--peer-python``'s environment: FFCV is never a project dependenc
 ImageFolder / LMDB + DataLoaderX. The rate is the steady state (epochs after the first); the first
 epoch (worker start, FFCV's JIT compilation) is reported apart, with the time to the first batch and
 the process tree's peak PSS. The ceiling: the single-thread rate of fastloader's decode + crop +
-resize of the same bytes (``bench_pipeline.ceiling``), times the cores used.
+resize of the same bytes (``bench_pipeline.ceiling``), times the cores used. Each loader's cost is
+also given in images per CPU-second of its process tree (its workers and threads; against the
+ceiling's images per CPU-second of one thread): on a shared machine whose load moves every rate,
+the CPU a loader spends per image moves far less.
 
     python benchmarks/bench_peers.py --peer-python /path/to/ffcv-venv/bin/python [--images 5000]
         [--workers 2] [--repeats 3] [--epochs 2] [--rows NAME ...]
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from bench_pipeline import ceiling  # a sibling script: benchmarks/ is on sys.path when run
 
 from fastloader.pack import pack
@@ -152,6 +156,11 @@ def median_of(results: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def table_of_ceiling(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    keys = ("images_per_s", "single_thread_images_per_s", "single_thread_images_per_cpu_s")
+    return {key: median_of(results, key) for key in keys}
+
+
 def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians per row, and each row against the best peer of its group and against the ceiling."""
     table: dict[str, Any] = {}
@@ -164,6 +173,7 @@ def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[st
             "runs": len(done),
             "failed": len(runs[row.name]) - len(done),
             "images_per_s": median_of(done, "images_per_s"),
+            "images_per_cpu_s": median_of(done, "images_per_cpu_s"),
             "spread": [min(r["images_per_s"] for r in done), max(r["images_per_s"] for r in done)] if done else None,
             "first_batch_s": median_of(done, "first_batch_s"),
             "first_epoch_images_per_s": median_of(done, "first_epoch_images_per_s"),
@@ -171,39 +181,48 @@ def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[st
             "batch": done[0]["batch"] if done else None,
             "versions": done[0]["versions"] if done else None,
         }
+    ceilings = {group: table_of_ceiling(runs[f"ceiling {group}"]) for group in {row.group for row in rows}}
     for row in rows:
-        entry = table[row.name]
-        top = median_of(runs[f"ceiling {row.group}"], "images_per_s")
-        rate = entry["images_per_s"]
-        entry["fraction_of_ceiling"] = rate / top if rate and top else None
-        peers = {r.name: table[r.name]["images_per_s"] for r in rows if r.group == row.group and not r.ours}
-        peers = {name: value for name, value in peers.items() if value}
-        if row.ours and peers and rate:
-            best = max(peers, key=lambda name: peers[name])
-            entry["best_peer"], entry["x_best_peer"] = best, rate / peers[best]
-    for name in runs:
-        if name.startswith("ceiling"):
-            table[name] = {key: median_of(runs[name], key) for key in ("images_per_s", "single_thread_images_per_s")}
+        entry, top = table[row.name], ceilings[row.group]
+        for key, of_top in (("images_per_s", "images_per_s"), ("images_per_cpu_s", "single_thread_images_per_cpu_s")):
+            value, limit = entry[key], top[of_top]
+            entry[f"{key}_of_ceiling"] = value / limit if value and limit else None
+            peers = {r.name: table[r.name][key] for r in rows if r.group == row.group and not r.ours}
+            peers = {name: rate for name, rate in peers.items() if rate}
+            if row.ours and peers and value:
+                best = max(peers, key=lambda name: peers[name])
+                entry[f"{key}_best_peer"], entry[f"{key}_x_best_peer"] = best, value / peers[best]
+    for group, top in ceilings.items():
+        table[f"ceiling {group}"] = top
     return table
 
 
+def ratio(entry: dict[str, Any], key: str) -> str:
+    best = entry.get(f"{key}_best_peer")
+    return f"x{entry[f'{key}_x_best_peer']:.2f} {best}" if best else ""
+
+
 def print_table(pipeline: str, table: dict[str, Any]) -> None:
-    print(f"\n{pipeline}: images/s (median) | x best peer | of ceiling | first batch | first epoch | peak PSS")
+    print(
+        f"\n{pipeline}: images/s, x best peer, of ceiling | images per CPU-s, x best peer, of ceiling | "
+        "first batch | first epoch | peak PSS"
+    )
     for name, entry in table.items():
         if name.startswith("ceiling"):
-            single = entry["single_thread_images_per_s"]
-            print(f"  {name:<32} {entry['images_per_s']:7.0f}  ({single:.0f} single-thread x cores)")
+            single, cpu = entry["single_thread_images_per_s"], entry["single_thread_images_per_cpu_s"]
+            print(f"  {name:<30} {entry['images_per_s']:6.0f} ({single:.0f} x cores) | one thread: {cpu:.0f} per CPU-s")
             continue
         if not entry["images_per_s"]:
-            print(f"  {name:<32} failed")
+            print(f"  {name:<30} failed")
             continue
-        ratio = f"x{entry['x_best_peer']:.2f} {entry['best_peer']}" if "x_best_peer" in entry else ""
         memory = entry["memory_mb"]
+        heap = memory["tree_pss_anon_mb"] + memory["tree_pss_shmem_mb"]
         print(
-            f"  {name:<32} {entry['images_per_s']:7.0f}  {ratio:<40} {entry['fraction_of_ceiling'] or 0:4.0%}  "
-            f"{entry['first_batch_s']:5.2f} s  {entry['first_epoch_images_per_s']:6.0f}/s  "
-            f"{memory['tree_pss_mb']:6.0f} MB (anon {memory['tree_pss_anon_mb']:.0f}, file "
-            f"{memory['tree_pss_file_mb']:.0f}, shmem {memory['tree_pss_shmem_mb']:.0f})"
+            f"  {name:<30} {entry['images_per_s']:6.0f} {ratio(entry, 'images_per_s'):<38} "
+            f"{entry['images_per_s_of_ceiling'] or 0:4.0%} | {entry['images_per_cpu_s']:6.0f} "
+            f"{ratio(entry, 'images_per_cpu_s'):<38} {entry['images_per_cpu_s_of_ceiling'] or 0:4.0%} | "
+            f"{entry['first_batch_s']:5.2f} s | {entry['first_epoch_images_per_s']:5.0f}/s | "
+            f"{memory['tree_pss_mb']:5.0f} MB (anon+shmem {heap:.0f}, file {memory['tree_pss_file_mb']:.0f})"
         )
 
 
@@ -221,6 +240,7 @@ def main() -> None:
     parser.add_argument("--data", default=str(ROOT / "data"))
     parser.add_argument("--out", default=str(RESULTS / "peers.json"))
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the ceiling: one thread
     rows = [row for row in ROWS if row.name in args.rows and (args.peer_python or row.python == "project")]
     skipped = sorted(set(args.rows) - {row.name for row in rows})
     if skipped:

@@ -187,9 +187,12 @@ def timing(durations: list[float], elapsed: float) -> dict[str, float]:
 
 
 def window(step: Callable[[], None], schedule: Schedule, seconds: float) -> dict[str, float]:
-    started = time.perf_counter()
+    """The loop for ``seconds``: its step times, and the CPU its process spent on threads other than
+    the loop's own (the loader's threads in the training process: torch's has none without pinning)."""
+    started, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
     durations = loop(step, schedule, seconds, record=True)
-    return timing(durations, time.perf_counter() - started)
+    others = (time.process_time() - process) - (time.thread_time() - thread)
+    return {**timing(durations, time.perf_counter() - started), "other_threads_cpu_s": others}
 
 
 def trial(args: argparse.Namespace) -> dict[str, Any]:
@@ -221,6 +224,7 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
         "batches": schedule.taken,
         "achieved_images_per_s": schedule.images / elapsed,
         "fetch_ms": 1e3 * schedule.fetch_s / schedule.taken if schedule.taken else 0.0,
+        "other_threads_cpu_ms_per_s": 1e3 * fed["other_threads_cpu_s"] / elapsed,
         "first_batch_s": first,
         "loadavg": list(os.getloadavg()),
     }
@@ -261,6 +265,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians over the repeats of each trial's figures, and of its step (and loop) time against the step
     alone measured just before in the same process (the machine drifts between trials, less within one)."""
     keys = ("step_ms", "step_p50_ms", "step_p90_ms", "loop_ms", "achieved_images_per_s", "fetch_ms", "batches")
+    keys += ("other_threads_cpu_ms_per_s",)
     table: dict[str, Any] = {}
     for name, results in runs.items():
         row = {key: statistics.median(r[key] for r in results) for key in keys}
@@ -333,13 +338,16 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for step in args.steps:
-        print(f"\n{step}: step ms (mean; alone before) | x alone [spread] | loop x alone | images/s | fetch ms/batch")
+        print(
+            f"\n{step}: step ms (mean; alone before) | x alone [spread] | loop x alone | images/s | "
+            "fetch ms/batch | other threads' CPU ms/s"
+        )
         for name, row in result["results"][step].items():
             low, high = row["x_alone_spread"]
             print(
                 f"  {name:22s} {row['step_ms']:7.3f} ({row['alone_step_ms']:.3f})  x{row['x_alone']:.3f} "
                 f"[{low:.3f}-{high:.3f}]  x{row['loop_x_alone']:.3f}  {row['achieved_images_per_s']:6.0f}  "
-                f"{row['fetch_ms']:6.2f}"
+                f"{row['fetch_ms']:6.2f}  {row['other_threads_cpu_ms_per_s']:6.1f}"
             )
     print(f"\nload average {load_before} -> {result['loadavg']['after']}; wrote {args.out}")
 

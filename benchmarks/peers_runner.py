@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from procmem import PeakMemory  # a sibling module: benchmarks/ is on sys.path when run
+from procmem import PeakMemory, cpu_used, tree_cpu_seconds  # a sibling module: benchmarks/ is on sys.path when run
 
 SIZE = 224
 
@@ -129,13 +129,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         loader = LOADERS[args.loader](args, train)
         facts: dict[str, Any] = {}
         warm = run_epoch(loader, args, start, facts)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), tree_cpu_seconds()
         timed = [run_epoch(loader, args, time.perf_counter(), facts) for _ in range(args.epochs)]
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_s = time.perf_counter() - start, cpu_used(cpu)
     return {
         "loader": args.loader,
         "pipeline": args.pipeline,
         "images_per_s": sum(epoch["images"] for epoch in timed) / elapsed,
+        # CPU seconds of the process and its workers: the cost, which the shared machine's load moves far
+        # less than the rate (the memory sampler's own reads are in it, alike for every loader)
+        "cpu_s": cpu_s,
+        "images_per_cpu_s": sum(epoch["images"] for epoch in timed) / cpu_s,
         "epoch_images_per_s": [epoch["images"] / epoch["s"] for epoch in timed],
         "first_batch_s": warm["first_batch_s"],
         "first_epoch_images_per_s": warm["images"] / warm["s"],

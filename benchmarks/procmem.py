@@ -1,5 +1,5 @@
-"""Memory of a process tree from /proc: the benchmarks' one copy, importable without torch or fastloader
-(bench_peers' runner imports it in another virtual environment, FFCV's).
+"""Memory and CPU time of a process tree from /proc: the benchmarks' one copy, importable without torch
+or fastloader (bench_peers' runner imports it in another virtual environment, FFCV's).
 
 USS is the private pages, PSS the private pages plus a share of the shared ones; PSS is split into
 anonymous memory (heaps), file pages (memory-mapped data files: the page cache, counted in full by a
@@ -52,6 +52,28 @@ def memory_kb(pid: int) -> dict[str, int]:
         return {}
     uss = fields.pop("private_clean", 0) + fields.pop("private_dirty", 0)
     return {"uss": uss, **fields}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads) so far; 0 when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def tree_cpu_seconds() -> dict[int, float]:
+    """CPU seconds so far of this process and of each of its children, by pid."""
+    me = os.getpid()
+    return {pid: cpu_seconds(pid) for pid in [me, *children(me)]}
+
+
+def cpu_used(before: dict[int, float]) -> float:
+    """CPU seconds the tree used since ``before`` (``tree_cpu_seconds()``); a child started since counts
+    in full, one that exited since is not seen (persistent workers do not exit)."""
+    return sum(now - before.get(pid, 0.0) for pid, now in tree_cpu_seconds().items())
 
 
 class PeakMemory:
