@@ -144,8 +144,9 @@ def run_all(args: argparse.Namespace, rows: list[Row], sources: dict[str, str]) 
             for row in rows:
                 result = measure_row(args, row, sources[row.source], pipeline)
                 runs[pipeline][row.name].append(result)
-                rate = result.get("images_per_s")
-                print(f"repeat {repeat + 1} {pipeline} {row.name}: {rate and round(rate)} images/s", flush=True)
+                rate, others = result.get("images_per_s", 0), result.get("others_cores", 0)
+                line = f"repeat {repeat + 1} {pipeline} {row.name}: {rate:.0f} images/s, others {others:.2f} cores"
+                print(line, flush=True)
             for group in groups:
                 runs[pipeline][f"ceiling {group}"].append(measure_ceiling(sources, group, pipeline, cores))
     return runs
@@ -176,6 +177,7 @@ def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[st
             "images_per_cpu_s": median_of(done, "images_per_cpu_s"),
             "spread": [min(r["images_per_s"] for r in done), max(r["images_per_s"] for r in done)] if done else None,
             "first_batch_s": median_of(done, "first_batch_s"),
+            "others_cores": median_of(done, "others_cores"),
             "first_epoch_images_per_s": median_of(done, "first_epoch_images_per_s"),
             "memory_mb": {key: median_of(memory, key) for key in memory[0]} if memory else None,
             "batch": done[0]["batch"] if done else None,

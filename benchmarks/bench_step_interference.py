@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from procmem import Others  # a sibling module: benchmarks/ is on sys.path when run
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,10 +190,12 @@ def timing(durations: list[float], elapsed: float) -> dict[str, float]:
 def window(step: Callable[[], None], schedule: Schedule, seconds: float) -> dict[str, float]:
     """The loop for ``seconds``: its step times, and the CPU its process spent on threads other than
     the loop's own (the loader's threads in the training process: torch's has none without pinning)."""
-    started, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
-    durations = loop(step, schedule, seconds, record=True)
-    others = (time.process_time() - process) - (time.thread_time() - thread)
-    return {**timing(durations, time.perf_counter() - started), "other_threads_cpu_s": others}
+    with Others() as machine:
+        started, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
+        durations = loop(step, schedule, seconds, record=True)
+        others = (time.process_time() - process) - (time.thread_time() - thread)
+        elapsed = time.perf_counter() - started
+    return {**timing(durations, elapsed), "other_threads_cpu_s": others, "others_cores": machine.cores}
 
 
 def trial(args: argparse.Namespace) -> dict[str, Any]:
@@ -265,11 +268,12 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians over the repeats of each trial's figures, and of its step (and loop) time against the step
     alone measured just before in the same process (the machine drifts between trials, less within one)."""
     keys = ("step_ms", "step_p50_ms", "step_p90_ms", "loop_ms", "achieved_images_per_s", "fetch_ms", "batches")
-    keys += ("other_threads_cpu_ms_per_s",)
+    keys += ("other_threads_cpu_ms_per_s", "others_cores")
     table: dict[str, Any] = {}
     for name, results in runs.items():
         row = {key: statistics.median(r[key] for r in results) for key in keys}
         row["alone_step_ms"] = statistics.median(r["alone"]["step_ms"] for r in results)
+        row["alone_others_cores"] = statistics.median(r["alone"]["others_cores"] for r in results)
         for key in ("x_alone", "loop_x_alone"):
             row[key] = statistics.median(r[key] for r in results)
             row[f"{key}_spread"] = [min(r[key] for r in results), max(r[key] for r in results)]
@@ -287,7 +291,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 print(
                     f"repeat {repeat + 1} {step:6s} {condition:22s} step {result['step_ms']:.3f} ms "
                     f"x{result['x_alone']:.3f}  "
-                    f"{result['achieved_images_per_s']:.0f} images/s  load {result['loadavg'][0]:.1f}",
+                    f"{result['achieved_images_per_s']:.0f} images/s  others' cores "
+                    f"{result['alone']['others_cores']:.2f} / {result['others_cores']:.2f}",
                     flush=True,
                 )
     return runs

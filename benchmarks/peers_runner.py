@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from procmem import PeakMemory, cpu_used, tree_cpu_seconds  # a sibling module: benchmarks/ is on sys.path when run
+from procmem import Others, PeakMemory, cpu_used, tree_cpu_seconds  # a sibling module (benchmarks/)
 
 SIZE = 224
 
@@ -129,9 +129,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         loader = LOADERS[args.loader](args, train)
         facts: dict[str, Any] = {}
         warm = run_epoch(loader, args, start, facts)
-        start, cpu = time.perf_counter(), tree_cpu_seconds()
-        timed = [run_epoch(loader, args, time.perf_counter(), facts) for _ in range(args.epochs)]
-        elapsed, cpu_s = time.perf_counter() - start, cpu_used(cpu)
+        with Others() as others:
+            start, cpu = time.perf_counter(), tree_cpu_seconds()
+            timed = [run_epoch(loader, args, time.perf_counter(), facts) for _ in range(args.epochs)]
+            elapsed, cpu_s = time.perf_counter() - start, cpu_used(cpu)
     return {
         "loader": args.loader,
         "pipeline": args.pipeline,
@@ -146,6 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch": facts,
         "memory": memory.summary(),
         "loadavg": list(os.getloadavg()),
+        "others_cores": others.cores,  # what the rest of the shared machine used meanwhile
         "versions": {"torch": torch.__version__, **versions(args.loader)},
     }
 

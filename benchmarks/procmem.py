@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+import time
 
 _FIELDS = {
     "Pss": "pss",
@@ -64,10 +65,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, their children, and so on."""
+    found, todo = [], children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += children(child)
+    return found
+
+
 def tree_cpu_seconds() -> dict[int, float]:
-    """CPU seconds so far of this process and of each of its children, by pid."""
+    """CPU seconds so far of this process and of each of its descendants, by pid."""
     me = os.getpid()
-    return {pid: cpu_seconds(pid) for pid in [me, *children(me)]}
+    return {pid: cpu_seconds(pid) for pid in [me, *descendants(me)]}
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat: every process, in every namespace, and the
+    time the hypervisor gave this machine's CPUs to others), summed over its CPUs."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class Others:
+    """How many cores the rest of the machine kept busy while this process tree ran: its load, measured."""
+
+    def __enter__(self) -> Others:
+        self.started, self.busy, self.mine = time.perf_counter(), machine_busy_seconds(), tree_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self.started
+        self.cores = max(0.0, machine_busy_seconds() - self.busy - cpu_used(self.mine)) / elapsed
 
 
 def cpu_used(before: dict[int, float]) -> float:
