@@ -162,6 +162,13 @@ def table_of_ceiling(results: list[dict[str, Any]]) -> dict[str, float | None]:
     return {key: median_of(results, key) for key in keys}
 
 
+def paired_ratio(ours: list[dict[str, Any]], peer: list[dict[str, Any]], key: str) -> float | None:
+    """The median over repeats of ours / peer within each repeat (minutes apart, where the machine's load
+    drifts less than across the whole run)."""
+    ratios = [a[key] / b[key] for a, b in zip(ours, peer) if key in a and key in b]
+    return statistics.median(ratios) if ratios else None
+
+
 def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians per row, and each row against the best peer of its group and against the ceiling."""
     table: dict[str, Any] = {}
@@ -194,6 +201,7 @@ def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[st
             if row.ours and peers and value:
                 best = max(peers, key=lambda name: peers[name])
                 entry[f"{key}_best_peer"], entry[f"{key}_x_best_peer"] = best, value / peers[best]
+                entry[f"{key}_x_best_peer_paired"] = paired_ratio(runs[row.name], runs[best], key)
     for group, top in ceilings.items():
         table[f"ceiling {group}"] = top
     return table
@@ -228,6 +236,16 @@ def print_table(pipeline: str, table: dict[str, Any]) -> None:
         )
 
 
+def resummarize(path: str) -> None:
+    """The tables of a finished run again, from its runs (after a change to the summary)."""
+    result = json.loads(Path(path).read_text())
+    for pipeline, runs in result["runs"].items():
+        rows = [row for row in ROWS if row.name in runs]
+        result["results"][pipeline] = summarize(rows, runs)
+        print_table(pipeline, result["results"][pipeline])
+    Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peer-python", default=os.environ.get("FFCV_PYTHON"), help="a Python with ffcv installed")
@@ -241,7 +259,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds one loader's run may take")
     parser.add_argument("--data", default=str(ROOT / "data"))
     parser.add_argument("--out", default=str(RESULTS / "peers.json"))
+    parser.add_argument("--summarize-only", action="store_true", help="recompute --out's tables from its runs")
     args = parser.parse_args()
+    if args.summarize_only:
+        resummarize(args.out)
+        return
     torch.set_num_threads(1)  # the ceiling: one thread
     rows = [row for row in ROWS if row.name in args.rows and (args.peer_python or row.python == "project")]
     skipped = sorted(set(args.rows) - {row.name for row in rows})
