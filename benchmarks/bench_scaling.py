@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 import torchvision
-from bench_pipeline import children  # a sibling script: benchmarks/ is on sys.path when run
+from procmem import PeakMemory  # a sibling module: benchmarks/ is on sys.path when run
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -57,63 +56,6 @@ BATCH = 256
 
 def train_transform() -> T.Compose:
     return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
-
-
-def memory_kb(pid: int) -> dict[str, int]:
-    """USS and PSS of ``pid`` in KiB (smaps_rollup); empty when the process is gone."""
-    fields: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
-            for line in rollup:
-                name, _, rest = line.partition(":")
-                if name in ("Pss", "Private_Clean", "Private_Dirty"):
-                    fields[name] = int(rest.split()[0])
-    except OSError:
-        return {}
-    return {"uss": fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0), "pss": fields.get("Pss", 0)}
-
-
-class PeakMemory:
-    """The highest USS / PSS seen of this process and of each child (the workers), sampled every 0.2 s."""
-
-    def __init__(self) -> None:
-        self.main: dict[str, int] = {"uss": 0, "pss": 0}
-        self.workers: dict[int, dict[str, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        me = os.getpid()
-        for key, value in memory_kb(me).items():
-            self.main[key] = max(self.main[key], value)
-        for child in children(me):
-            peak = self.workers.setdefault(child, {"uss": 0, "pss": 0})
-            for key, value in memory_kb(child).items():
-                peak[key] = max(peak[key], value)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self._sample()
-
-    def __enter__(self) -> PeakMemory:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict[str, float]:
-        uss = [peak["uss"] / 1024 for peak in self.workers.values()]
-        pss = [peak["pss"] / 1024 for peak in self.workers.values()]
-        return {
-            "main_uss_mb": self.main["uss"] / 1024,
-            "main_pss_mb": self.main["pss"] / 1024,
-            "worker_uss_mb": statistics.mean(uss) if uss else 0.0,
-            "worker_pss_mb": statistics.mean(pss) if pss else 0.0,
-            "total_pss_mb": (self.main["pss"] + sum(peak["pss"] for peak in self.workers.values())) / 1024,
-        }
 
 
 def timed_epochs(loader: Iterable[Any], epochs: int) -> dict[str, float]:
