@@ -30,13 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_revisions import PIPELINES  # a sibling script (the pipelines as code for a fresh interpreter)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-PIPELINES = {
-    "train": "T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()])",
-    "eval": "T.Compose([T.Resize(256), T.CenterCrop(224)])",
-}
 
 RUN = r"""
 import dataclasses, json, os, sys, time, torch

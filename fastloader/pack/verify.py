@@ -219,6 +219,30 @@ def _unrecorded_file_problems(path: str, state: PackState, suffix: str) -> list[
     ]
 
 
+def _manifest_problems(path: str, state: PackState, what: str, samples: Callable[[str], int], suffix: str) -> list[str]:
+    """A shard manifest against the files beside it: each file's own count (its ``what``), the data files it does
+    not record and the count of the source it was packed from."""
+    problems = _file_count_problems(path, state, what, samples)
+    problems += _unrecorded_file_problems(path, state, suffix)
+    problems += _source_count_problems(path, state.fingerprint, state.count, len(state.skipped))
+    return problems
+
+
+def _each_sample(
+    count: int, path: str, show_progress: bool, problems: list[str], check: Callable[[int], list[str]]
+) -> list[int]:
+    """``check(index)`` for every sample, its problems appended to ``problems`` (up to the cap); the bad indices."""
+    bad = []
+    with _progress_bar(count, path, show_progress) as bar:
+        for index in range(count):
+            found = check(index)
+            if found:
+                bad.append(index)
+                problems.extend(found[: max(0, _MAX_PROBLEMS - len(problems))])
+            bar.update(1)
+    return bad
+
+
 def _tar_samples(shard: str) -> int:
     from fastloader.formats.tar_shards import load_shard_index
 
@@ -231,29 +255,20 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
 
     state = TarPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems = _file_count_problems(path, state, "index", _tar_samples)
-    problems += _unrecorded_file_problems(path, state, ".tar")
-    problems += _source_count_problems(path, state.fingerprint, expected, len(state.skipped))
+    problems = _manifest_problems(path, state, "index", _tar_samples, ".tar")
     if problems:
         return VerifyReport(path, "tar", expected, 0, tuple(problems))
     try:
         source = TarShardSource(path)
     except FormatError as error:  # a shard that no longer parses (truncated, overwritten)
         return VerifyReport(path, "tar", expected, 0, (str(error),))
-    bad = []
     if len(source) != expected:
         problems.append(f"{path}: {len(source)} samples in the shards, the manifest announces {expected}")
     fields = [name for name in source.field_kinds() if name in state.fields]
     for name in source.field_kinds():
         if name not in state.fields:  # a field named by its extension: no pack wrote it
             problems.append(f"{path}: the shards hold '.{name}' members, which the manifest does not record")
-    with _progress_bar(len(source), path, show_progress) as bar:
-        for index in range(len(source)):
-            found = _tar_sample_problems(source, index, fields)
-            if found:
-                bad.append(index)
-                problems.extend(found[: max(0, _MAX_PROBLEMS - len(problems))])
-            bar.update(1)
+    bad = _each_sample(len(source), path, show_progress, problems, lambda i: _tar_sample_problems(source, i, fields))
     return VerifyReport(path, "tar", expected, len(source), tuple(problems), tuple(bad))
 
 
@@ -319,9 +334,7 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
 
     state = ParquetPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems = _file_count_problems(path, state, "footer", footer_rows)
-    problems += _unrecorded_file_problems(path, state, ".parquet")
-    problems += _source_count_problems(path, state.fingerprint, expected, len(state.skipped))
+    problems = _manifest_problems(path, state, "footer", footer_rows, ".parquet")
     if problems:
         return VerifyReport(path, "parquet", expected, 0, tuple(problems))
     try:
@@ -333,14 +346,7 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
     if source.field_kinds() != state.fields:
         problems.append(f"{path}: the files hold fields {source.field_kinds()}, the manifest {state.fields}")
     kinds = {name: kind for name, kind in source.field_kinds().items() if state.fields.get(name) == kind}
-    bad: list[int] = []
-    with _progress_bar(len(source), path, show_progress) as bar:
-        for index in range(len(source)):
-            found = _parquet_row_problems(source, index, kinds)
-            if found:
-                bad.append(index)
-                problems.extend(found[: max(0, _MAX_PROBLEMS - len(problems))])
-            bar.update(1)
+    bad = _each_sample(len(source), path, show_progress, problems, lambda i: _parquet_row_problems(source, i, kinds))
     return VerifyReport(path, "parquet", expected, len(source), tuple(problems), tuple(bad))
 
 

@@ -5,7 +5,6 @@ Uses a real 1 MB tmpfs, grown by a remount (needs root to mount; skipped otherwi
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +16,6 @@ from fastloader.pack.verify import verify
 from tests.images import pack_contents, write_image_folder
 
 READERS = {"lmdb": LMDBDataset, "tar": TarShardDataset, "parquet": ParquetDataset}
-
-
-@pytest.fixture()
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("output", ["lmdb", "tar", "parquet"])

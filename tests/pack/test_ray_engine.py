@@ -289,19 +289,6 @@ def test_a_ray_pack_to_s3_is_uploaded_content_named_with_the_manifest_last(
     assert [(bytes(dataset[i][0]), int(dataset[i][1])) for i in range(len(dataset))] == expected
 
 
-@pytest.fixture()
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_disk_stops_the_job_keeping_its_shards_and_the_same_pack_then_finishes(
     cluster: RayCluster, tiny_disk: Path, tmp_path: Path
 ) -> None:
