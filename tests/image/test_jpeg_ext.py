@@ -330,3 +330,29 @@ def test_ten_thousand_decodes_do_not_grow_memory(jpegs: dict[str, bytes]) -> Non
         round_trip(i)
     growth = rss_bytes() - before
     assert growth < 2 * 1024 * 1024, f"RSS grew {growth / 1e6:.1f} MB over 10k decodes"
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBX"])
+@pytest.mark.parametrize("width", [1, 3, 4, 5, 13, 224])
+def test_pack_rgb_writes_exactly_its_box_of_the_output_mirrored_on_request(mode: str, width: int) -> None:
+    rng = np.random.default_rng(width)
+    pixels = rng.integers(0, 256, (7, width, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels).convert(mode)
+    for flip in (False, True):
+        out = np.full((9, width + 5, 3), 77, dtype=np.uint8)
+        jpeg_ext.pack_rgb(image.__arrow_c_array__(), out[1:8, 2 : 2 + width], flip)
+        assert np.array_equal(out[1:8, 2 : 2 + width], pixels[:, ::-1] if flip else pixels)
+        out[1:8, 2 : 2 + width] = 77
+        assert (out == 77).all()  # not a byte outside the box: the 4-byte stores stop at its edge
+
+
+def test_pack_rgb_refuses_what_it_cannot_pack() -> None:
+    image = Image.new("RGB", (4, 3))
+    with pytest.raises(ValueError, match="12 pixels"):
+        jpeg_ext.pack_rgb(image.__arrow_c_array__(), np.zeros((3, 5, 3), np.uint8))  # a box of another size
+    with pytest.raises(ValueError, match="packed pixels"):
+        jpeg_ext.pack_rgb(image.__arrow_c_array__(), np.zeros((3, 4, 4), np.uint8)[..., :3])  # pixels 4 bytes apart
+    with pytest.raises(ValueError, match="4-byte pixels"):
+        jpeg_ext.pack_rgb(Image.new("L", (4, 3)).__arrow_c_array__(), np.zeros((3, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        jpeg_ext.pack_rgb(image.__arrow_c_array__(), np.frombuffer(bytes(36), np.uint8).reshape(3, 4, 3))
