@@ -332,6 +332,12 @@ def test_ten_thousand_decodes_do_not_grow_memory(jpegs: dict[str, bytes]) -> Non
     assert growth < 2 * 1024 * 1024, f"RSS grew {growth / 1e6:.1f} MB over 10k decodes"
 
 
+needs_arrow = pytest.mark.skipif(
+    not hasattr(Image.Image, "__arrow_c_array__"), reason="Pillow < 11.2 exports no Arrow array"
+)
+
+
+@needs_arrow
 @pytest.mark.parametrize("mode", ["RGB", "RGBX"])
 @pytest.mark.parametrize("width", [1, 3, 4, 5, 13, 224])
 def test_pack_rgb_writes_exactly_its_box_of_the_output_mirrored_on_request(mode: str, width: int) -> None:
@@ -346,6 +352,7 @@ def test_pack_rgb_writes_exactly_its_box_of_the_output_mirrored_on_request(mode:
         assert (out == 77).all()  # not a byte outside the box: the 4-byte stores stop at its edge
 
 
+@needs_arrow
 def test_pack_rgb_refuses_what_it_cannot_pack() -> None:
     image = Image.new("RGB", (4, 3))
     with pytest.raises(ValueError, match="12 pixels"):
