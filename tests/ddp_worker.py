@@ -25,6 +25,9 @@ from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
 from fastloader.samplers import DistributedSampler
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers import DDP_WORKER_CONTEXT  # noqa: E402
+
 K = 3
 
 
@@ -52,6 +55,7 @@ def main() -> None:
         num_workers=1,
         collate_fn=collate_labels,
         local_rank=int(os.environ["LOCAL_RANK"]),
+        multiprocessing_context=DDP_WORKER_CONTEXT,
     )
     if not isinstance(loader.sampler, DistributedSampler) or loader.sampler.num_replicas != dist.get_world_size():
         raise RuntimeError(f"local_rank= did not split: {loader.sampler!r}")

@@ -13,6 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# CPython before 3.11.10 can leave a forked child deadlocked on the runtime's thread-list lock when a thread with
+# no Python state of its own (gloo's, in a DDP process) enters Python at the moment of the fork
+# (python/cpython#112275). torch's own DataLoader, the control, hung so in CI. The DDP and framework tests are not
+# about the start method: on those versions their workers start from a fork server (no fork of the rank's process).
+DDP_WORKER_CONTEXT: str | None = "forkserver" if sys.version_info < (3, 11, 10) else None
+
 
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
     """Poll ``condition`` until it holds or ``timeout`` seconds pass; return its last value."""

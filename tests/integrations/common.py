@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from fastloader import DataLoaderX
+from tests.helpers import DDP_WORKER_CONTEXT
 
 LENGTH = 101  # odd: torch's DistributedSampler pads it, accelerate's even_batches pads it
 BATCH = 8
@@ -45,6 +46,7 @@ def make_loader(
     """
     cls = DataLoaderX if kind == "fastloader" else DataLoader
     dataset = dataset if dataset is not None else Items()
+    extra.setdefault("multiprocessing_context", DDP_WORKER_CONTEXT)
     if split == "sampler" or (split == "local_rank" and kind == "torch"):
         return cls(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, shuffle=True), num_workers=1, **extra)
     if split == "local_rank":
