@@ -41,7 +41,17 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(256, 8, generator=generator)
     dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
-    loader = DataLoaderX(dataset, batch_size=16, shuffle=True, num_workers=1, local_rank=local_rank, seed=0)
+    # Workers from a fork server, not forked from this process while its process group's threads run
+    # (a hazard on CPython before 3.11.10: see the distributed guide). The dataset must pickle.
+    loader = DataLoaderX(
+        dataset,
+        batch_size=16,
+        shuffle=True,
+        num_workers=1,
+        local_rank=local_rank,
+        seed=0,
+        multiprocessing_context="forkserver",
+    )
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Linear(8, 1).to(device), device_ids=[local_rank] if cuda else None
     )
