@@ -6,9 +6,15 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from fastloader.datasets.lmdb import LMDBSource
+
+# Pillow >= 11.2 exports an image's pixels as an Arrow array (what fastloader's one-pass slot copy reads).
+needs_arrow = pytest.mark.skipif(
+    not hasattr(Image.Image, "__arrow_c_array__"), reason="Pillow < 11.2 exports no Arrow array"
+)
 
 # The oddities real datasets hold, in turn: PIL mode and file format of image i is KINDS[i % 6].
 KINDS = [("RGB", "JPEG"), ("RGB", "PNG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]

@@ -18,6 +18,7 @@ from fastloader.errors import CorruptJPEGError, DecodeError
 from fastloader.image import decode
 from fastloader.image.geometry import CropPlan
 from fastloader.image.pil import decode_pil
+from tests.images import needs_arrow
 from tests.transforms import photo_bytes
 
 needs_ext = pytest.mark.skipif(decode._jpeg_ext() is None, reason="fastloader.image.jpeg_ext is not built")
@@ -58,7 +59,7 @@ def test_region_decode_equals_the_pil_path(kind: str, monkeypatch: pytest.Monkey
 
 
 @needs_ext
-@pytest.mark.skipif(not hasattr(Image.Image, "__arrow_c_array__"), reason="Pillow < 11.2 exports no Arrow array")
+@needs_arrow
 @pytest.mark.parametrize("kind", ["jpeg", "jpeg_gray", "png_rgba"])
 def test_packing_into_the_output_gives_the_pixels_of_a_copy(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     data = photo_bytes(kind, 500, 375, seed=6)

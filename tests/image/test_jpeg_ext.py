@@ -18,6 +18,7 @@ from PIL import Image
 from fastloader.errors import UnsupportedJPEGError
 from fastloader.image import jpeg_ext
 from fastloader.sample import PHOTOS
+from tests.images import needs_arrow
 
 pytestmark = pytest.mark.skipif(
     not jpeg_ext.AVAILABLE, reason="fastloader.image._jpeg not built (no libjpeg-turbo headers at install time)"
@@ -356,11 +357,6 @@ def test_ten_thousand_decodes_do_not_grow_memory(jpegs: dict[str, bytes], tmp_pa
     growth = int(run.stdout.split()[-1])
     # 1 MiB over 10k round trips is 100 bytes each: a leak of any one allocation per decode shows.
     assert growth < 1024 * 1024, f"RSS grew {growth / 1e6:.1f} MB over 10k decodes, in each of three rounds"
-
-
-needs_arrow = pytest.mark.skipif(
-    not hasattr(Image.Image, "__arrow_c_array__"), reason="Pillow < 11.2 exports no Arrow array"
-)
 
 
 @needs_arrow
