@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t first */
@@ -30,6 +31,8 @@
 
 #include <jpeglib.h>
 #include <jerror.h>
+
+#include "_resample.h"
 
 #if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
 /* jpeg_crop_scanline() and jpeg_skip_scanlines() are libjpeg-turbo extensions, and before 2.0.7 / 2.1
@@ -450,6 +453,110 @@ done:
     return result;
 }
 
+/* ---- decoding and resizing into a batch slot, in one call ---- */
+
+/* The decoded rows, resized into the target. source: the box in scaled-image pixels; crop: the box is
+ * whole pixels and the filter must see nothing outside it (crop, then resize: RandomResizedCrop), else
+ * it reads the neighbours as far as the decoded rows go (resize with a box: Resize + CenterCrop).
+ * Returns 0, -1 when the rows do not cover the box (a planning bug), -2 when memory ran out. */
+static int resize_rows(Job *job, const unsigned char *pixels, const double source[4], int crop, unsigned char *dst,
+                       Py_ssize_t dst_stride, int out_w, int out_h, int filter, int flip) {
+    ptrdiff_t stride = (ptrdiff_t)job->out_w * job->bpp;
+    int got_w = (int)job->out_w, got_h = (int)(job->row1 - job->row0);
+    double ox = job->ox, oy = job->row0;
+    double need_x1 = fmin(ceil(source[2]), job->cinfo.output_width);
+    double need_y1 = fmin(ceil(source[3]), job->cinfo.output_height);
+    float box[4];
+
+    if (ox > floor(source[0]) || oy > floor(source[1]) || ox + got_w < need_x1 || oy + got_h < need_y1) return -1;
+    box[0] = (float)(source[0] - ox);
+    box[1] = (float)(source[1] - oy);
+    box[2] = (float)(source[2] - ox);
+    box[3] = (float)(source[3] - oy);
+    if (crop) {
+        int x0 = (int)floor(box[0] + 0.5), y0 = (int)floor(box[1] + 0.5);
+        int x1 = (int)floor(box[2] + 0.5), y1 = (int)floor(box[3] + 0.5);
+        if (x0 < 0 || y0 < 0 || x1 > got_w || y1 > got_h || x0 >= x1 || y0 >= y1) return -1;
+        pixels += (ptrdiff_t)y0 * stride + (ptrdiff_t)x0 * job->bpp;
+        got_w = x1 - x0;
+        got_h = y1 - y0;
+        box[0] = box[1] = 0.0f;
+        box[2] = (float)got_w;
+        box[3] = (float)got_h;
+    }
+    return fl_resample(pixels, stride, got_w, got_h, box, dst, dst_stride, out_w, out_h, filter, flip) ? -2 : 0;
+}
+
+PyDoc_STRVAR(decode_resized_doc,
+             "decode_resized(data, box, scale_denom, fast, source, crop, out, flip, filter) -> None\n\n"
+             "Decode box=(x0, y0, x1, y1) (full-resolution pixels, with the filter's margin) at 1/scale_denom, "
+             "resize the part source=(x0, y0, x1, y1) of it (fractional pixels of the scaled image) into out, a "
+             "writable uint8 (H, W, 3) buffer with packed pixels (any row stride), mirrored when flip. crop: "
+             "source is whole pixels and the filter sees nothing outside it. filter: 0 box, 1 bilinear, 2 hamming, "
+             "3 bicubic, 4 lanczos. Errors as decode(); RuntimeError if the decoded rows miss source.");
+
+static PyObject *jpeg_decode_resized(PyObject *self, PyObject *args) {
+    Py_buffer view, target;
+    PyObject *out;
+    Job job;
+    double source[4];
+    int scale, fast, crop, flip, filter, status;
+    unsigned char *pixels = NULL;
+    (void)self;
+
+    init_job(&job);
+    if (!PyArg_ParseTuple(args, "y*(nnnn)ip(dddd)pOpi:decode_resized", &view, &job.x0, &job.y0, &job.x1, &job.y1,
+                          &scale, &fast, &source[0], &source[1], &source[2], &source[3], &crop, &out, &flip, &filter))
+        return NULL;
+    if ((scale != 1 && scale != 2 && scale != 4 && scale != 8) || filter < 0 || filter >= FL_FILTERS) {
+        PyErr_Format(PyExc_ValueError, "decode_resized: bad scale_denom %d or filter %d", scale, filter);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out, &target, PyBUF_RECORDS) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (target.ndim != 3 || target.itemsize != 1 || target.shape[2] != 3 || target.strides[2] != 1 ||
+        target.strides[1] != 3 || target.shape[0] < 1 || target.shape[1] < 1 || target.shape[0] > INT32_MAX ||
+        target.shape[1] > INT32_MAX / 3) {
+        PyErr_SetString(PyExc_ValueError, "decode_resized: out must be a non-empty uint8 (H, W, 3) with packed pixels");
+        PyBuffer_Release(&target);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    job.scale = scale;
+    job.fast = fast;
+    job.bpp = 4;
+
+    Py_BEGIN_ALLOW_THREADS
+    status = phase_start(&job, (const unsigned char *)view.buf, (size_t)view.len);
+    if (status == 0) {
+        /* The thread's own buffer, kept for its next image: fresh memory each time is new pages each time. */
+        pixels = fl_thread_buffer(FL_BUFFER_DECODE,
+                                  LEAD + (size_t)(job.row1 - job.row0) * job.out_w * (size_t)job.bpp + job.full_row_bytes);
+        status = pixels == NULL ? -3 : phase_rows(&job, pixels + LEAD);
+    }
+    if (status == 0)
+        status = resize_rows(&job, pixels + LEAD, source, crop, (unsigned char *)target.buf, target.strides[0],
+                             (int)target.shape[1], (int)target.shape[0], filter, flip);
+    fl_thread_buffers_trim();
+    Py_END_ALLOW_THREADS
+
+    if (status == -1 && job.err.kind != 0)
+        raise_job_error(&job); /* libjpeg's failure: corrupt or unsupported data */
+    else if (status == -1)
+        PyErr_Format(PyExc_RuntimeError, "decode_resized: the rows decoded for box (%zd, %zd, %zd, %zd) miss (%g, %g, %g, %g)",
+                     job.x0, job.y0, job.x1, job.y1, source[0], source[1], source[2], source[3]);
+    else if (status < -1)
+        PyErr_NoMemory();
+    close_job(&job);
+    PyBuffer_Release(&target);
+    PyBuffer_Release(&view);
+    if (status) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---- packing a resized image into its batch slot ---- */
 
 /* The Arrow C data interface (arrow.apache.org/docs/format/CDataInterface.html): a stable ABI, declared
@@ -563,6 +670,7 @@ static PyMethodDef methods[] = {
     {"info", jpeg_info, METH_VARARGS,
      "info(data) -> (width, height, n_components) from the JPEG header; ValueError if it is not one."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
+    {"decode_resized", jpeg_decode_resized, METH_VARARGS, decode_resized_doc},
     {"pack_rgb", pack_rgb, METH_VARARGS, pack_rgb_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -585,7 +693,8 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
     }
     if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0) {
+        PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0 ||
+        PyModule_AddIntConstant(m, "RESIZE_SIMD", fl_resample_simd()) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,7 +7,10 @@ cannot do:
 1. ``fastloader.image.jpeg_ext`` (libjpeg-turbo, optional): decodes only the region the crop needs
    (rows below it not even entropy-decoded, rows above not colour-converted, columns from an iMCU
    boundary), plus a margin of a few pixels for the resampling filter, DCT-scaled as below.
-   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) and data it finds corrupt go to PIL.
+   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) and data it finds corrupt go to PIL. For fast decodes
+   (``fast=True``, the transforms' default) it also resizes, with PIL's filters and weights (16-bit, as
+   Pillow-SIMD keeps them: within a level or two of PIL's pixels), straight into ``out``, flipped on the
+   way: one call without the GIL (``jpeg_ext.decode_resized``). Exact decodes resize with PIL.
 2. PIL (Pillow-SIMD when installed): ``Image.draft`` asks libjpeg for a DCT-scaled decode (1/2,
    1/4, 1/8: fewer IDCTs, a smaller image to resize). Other formats (PNG, WebP, ...) decode in full.
 
@@ -59,6 +62,8 @@ _FILTERS = {
     "lanczos": ("LANCZOS", 3.0),
 }
 INTERPOLATIONS = frozenset(_FILTERS)
+# The filters jpeg_ext's own resize knows (PIL's convolutions, by its codes); nearest stays PIL's.
+_RESAMPLERS = {"box": 0, "bilinear": 1, "hamming": 2, "bicubic": 3, "lanczos": 4}
 # DCT scaling averages blocks more crudely than an antialiased resize: scale only while the reduced
 # image keeps 1.5x the output resolution, so the final resize still smooths. On the sample photos
 # (RandomResizedCrop(128), Resize(146)+CenterCrop(128); 1024x768 re-encodes at 224) the mean
@@ -127,8 +132,9 @@ def decode_plan(
     """Decode ``data`` to ``plan``: crop ``plan.box``, resize to ``plan.size``, flip; RGB uint8 H×W×3.
 
     ``out`` (optional, H×W×3 uint8, any strides: a slot of a batch buffer or of a cache) receives
-    the pixels instead of a new array. ``fast``: libjpeg's fast IDCT and upsampling (JPEG region
-    decodes only; about one level from the exact pixels on average). ``header``: from
+    the pixels instead of a new array. ``fast``: libjpeg's fast IDCT and upsampling, and the
+    extension's own resize (JPEG region decodes only; about one level from the exact pixels on
+    average). ``header``: from
     :func:`read_header` when the caller has it (the pixel limit is then not checked again, and an image
     the region decoder does not take goes straight to PIL).
     """
@@ -212,6 +218,14 @@ def _decode_with_ext(
         min(width, math.ceil(x1) + margin),
         min(height, math.ceil(y1) + margin),
     )
+    if fast and plan.interpolation in _RESAMPLERS and out.strides[1:] == (3, 1):
+        # One call, no GIL: the region decoded, resized and written into its slot (jpeg_ext.decode_resized).
+        factor = 1.0 / scale
+        box = (x0 * factor, y0 * factor, x1 * factor, y1 * factor)
+        target = _target(plan, region, out)
+        crop = whole_box(box) is not None
+        ext.decode_resized(data, wanted, scale, fast, box, crop, target, plan.flip, _RESAMPLERS[plan.interpolation])
+        return
     # RGBX: PIL keeps RGB as 4 bytes a pixel, so it wraps these pixels without a copy.
     pixels, (ox, oy) = ext.decode_region(data, wanted, scale_denom=scale, fast=fast, rgbx=True)
     got_h, got_w = pixels.shape[:2]
@@ -241,7 +255,6 @@ def _render(
     """
     from PIL import Image
 
-    out_h, out_w = plan.size
     if region is None:
         out[...] = 0
         return
@@ -257,11 +270,18 @@ def _render(
         # A fractional box is torchvision's resize-then-crop (Resize + CenterCrop): resizing with
         # the box samples exactly the pixels the full resize would, neighbours included.
         resized = image.resize((u1 - u0, v1 - v0), resample, box=box)
+    _put(resized, _target(plan, region, out), plan.flip)
+
+
+def _target(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], out: np.ndarray) -> np.ndarray:
+    """The part of ``out`` the visible region is resized into (where a flip puts it); the rest zeroed."""
+    out_h, out_w = plan.size
+    u0, v0, u1, v1 = region[1]
     if (u1 - u0, v1 - v0) != (out_w, out_h):
         out[...] = 0  # torchvision pads a crop larger than the image with 0
     if plan.flip:
         u0, u1 = out_w - u1, out_w - u0
-    _put(resized, out[v0:v1, u0:u1], plan.flip)
+    return out[v0:v1, u0:u1]
 
 
 def _put(image: Any, target: np.ndarray, flip: bool) -> None:

@@ -3,6 +3,9 @@
 A thin typed wrapper over the optional C extension ``fastloader.image._jpeg``. ``AVAILABLE`` is False when
 the extension was not built (no libjpeg-turbo headers at install time); callers then decode with PIL.
 
+``decode_resized`` also resizes the region into a batch slot in the same call (PIL's filters and weights,
+16-bit as Pillow-SIMD keeps them; ``_resample.c``), so that a small image needs no PIL image at all.
+
 Exactness: with ``fast=False`` every returned pixel equals the same pixel of PIL's decode of the same
 bytes at the same scale (both use the system libjpeg-turbo, accurate integer IDCT, fancy upsampling),
 including the columns and rows outside the requested box. ``fast=True`` uses the fast integer IDCT and
@@ -35,6 +38,8 @@ _ext: Any = _load_extension()
 AVAILABLE: bool = _ext is not None
 # The libjpeg-turbo the extension was compiled against, e.g. 2001005 for 2.1.5; None when not built.
 LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not None else None
+# Whether decode_resized's passes run with AVX2 on this CPU (else plain C: the same pixels, slower).
+RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
 SCALE_DENOMS = (1, 2, 4, 8)
 
@@ -42,9 +47,11 @@ __all__ = [
     "AVAILABLE",
     "LIBJPEG_TURBO_VERSION",
     "MAX_PIXELS",
+    "RESIZE_SIMD",
     "SCALE_DENOMS",
     "decode",
     "decode_region",
+    "decode_resized",
     "jpeg_info",
     "pack_rgb",
 ]
@@ -114,6 +121,38 @@ def decode(data: bytes, scale_denom: int = 1, fast: bool = False) -> np.ndarray:
     """Decode the whole image at 1/scale_denom (size ceil(width / scale_denom) etc.) into RGB uint8 (H, W, 3)."""
     buffer, offset, height, width, _, _ = _run(data, None, scale_denom, fast)
     return _array(buffer, offset, height, width)
+
+
+def decode_resized(
+    data: bytes,
+    box: tuple[int, int, int, int],
+    scale_denom: int,
+    fast: bool,
+    source: tuple[float, float, float, float],
+    crop: bool,
+    out: np.ndarray,
+    flip: bool,
+    filter_code: int,
+) -> None:
+    """Decode ``box`` (as :func:`decode_region`), resize part of it into ``out``, in one call without the GIL.
+
+    ``source``: the part resized, (x0, y0, x1, y1) in fractional pixels of the image scaled by
+    1/scale_denom; ``crop``: ``source`` is whole pixels and the filter sees no pixel outside it (PIL's crop
+    then resize), else the filter reads the decoded neighbours (PIL's resize with a box). ``out``: uint8
+    (H, W, 3) with packed pixels, any row stride; mirrored left to right when ``flip``. ``filter_code``: 0 box,
+    1 bilinear, 2 hamming, 3 bicubic, 4 lanczos: PIL's filters, weights and 8-bit passes, the weights in 16
+    bits as Pillow-SIMD keeps them (within two levels of PIL's pixels). Errors as :func:`decode_region`;
+    RuntimeError if the rows decoded for ``box`` do not cover ``source``.
+    """
+    if scale_denom not in SCALE_DENOMS:
+        raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
+    module = _module()
+    try:
+        module.decode_resized(data, box, scale_denom, fast, source, crop, out, flip, filter_code)
+    except NotImplementedError as error:
+        raise UnsupportedJPEGError(str(error)) from None
+    except module.CorruptJPEG as error:
+        raise CorruptJPEGError(str(error)) from None
 
 
 def pack_rgb(arrow: tuple[Any, Any], out: np.ndarray, flip: bool = False) -> None:

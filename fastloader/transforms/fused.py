@@ -57,9 +57,9 @@ class FusedTransform:
     """
 
     _random = False
-    # libjpeg's fast integer IDCT and plain chroma upsampling: ~10% faster decodes, pixels within
-    # about one level of the exact decode on average (FFCV decodes the same way). Compose's
-    # ``exact_decode=True`` gives torchvision's pixels exactly.
+    # libjpeg's fast integer IDCT and plain chroma upsampling (FFCV decodes the same way), and the
+    # resize done in the JPEG extension, into the batch slot: pixels within about one level of the
+    # exact decode on average. Compose's ``exact_decode=True`` gives torchvision's pixels exactly.
     exact_decode = False
 
     @property

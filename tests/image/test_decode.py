@@ -83,6 +83,36 @@ def test_packing_into_the_output_gives_the_pixels_of_a_copy(kind: str, monkeypat
         assert np.array_equal(ours, decode.decode_plan(data, plan)), plan
 
 
+@needs_ext
+@pytest.mark.parametrize("kind", ["jpeg", "jpeg_gray"])
+def test_fast_decodes_resize_in_the_extension_as_pil_does(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default (fast) decode resizes in jpeg_ext, straight into the slot: PIL's pixels within two levels,
+    padding and flips included."""
+    data = photo_bytes(kind, 500, 375, seed=11)
+    plans = [
+        *PLANS,
+        CropPlan((13, 7, 301, 290), (224, 224), True, exact_box=(13.5, 7.25, 300.75, 289.5)),
+        CropPlan((-40, 300, 120, 420), (64, 80), True),  # off the image's corner: padded with 0, flipped
+        CropPlan((0, 0, 500, 375), (7, 9), False, interpolation="lanczos"),
+    ]
+    ext, calls = decode._jpeg_ext(), []
+
+    def counted(*args: Any) -> None:
+        calls.append(args)
+        ext.decode_resized(*args)
+
+    monkeypatch.setattr(decode, "_jpeg_ext", lambda: types.SimpleNamespace(**{**vars(ext), "decode_resized": counted}))
+    batch = np.full((2, 400, 512, 3), 9, np.uint8)
+    ours = [
+        decode.decode_plan(data, plan, fast=True, out=batch[0, : plan.size[0], : plan.size[1]]).copy() for plan in plans
+    ]
+    assert len(calls) == len(plans) and (batch[1] == 9).all()
+    monkeypatch.setattr(decode, "_RESAMPLERS", {})  # the PIL resize of the same decoded region
+    for plan, pixels in zip(plans, ours):
+        diff = np.abs(pixels.astype(int) - decode.decode_plan(data, plan, fast=True))
+        assert diff.max() <= 2 and diff.mean() < 0.05, plan
+
+
 def test_dct_scaling_only_when_the_output_is_small_enough(monkeypatch: pytest.MonkeyPatch) -> None:
     scales: list[int] = []
     original_draft = JpegImagePlugin.JpegImageFile.draft
