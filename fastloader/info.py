@@ -81,6 +81,15 @@ def torch_report() -> dict[str, str]:
     return report
 
 
+def extension_report() -> str:
+    """Whether fastloader's JPEG extension is built (region decode, resize into the batch) and its resize's SIMD."""
+    from fastloader.image import jpeg_ext
+
+    if not jpeg_ext.AVAILABLE:
+        return "not built (JPEGs decode with PIL: no libjpeg-turbo headers at install)"
+    return f"built, resize with {'AVX2' if jpeg_ext.RESIZE_SIMD else 'plain C (no AVX2)'}"
+
+
 def collect() -> dict[str, str]:
     """The whole report as ordered ``name -> value`` pairs."""
     import fastloader
@@ -90,6 +99,7 @@ def collect() -> dict[str, str]:
     report.update(torch_report())
     report["PIL"] = f"{flavor} {version}"
     report["jpeg"] = libjpeg_version()
+    report["jpeg extension"] = extension_report()
     for name in ("lmdb", "numpy"):
         report[name] = _dist_version(name) or "not installed"
     report.update(cpu_report())

@@ -24,6 +24,9 @@ def test_info_report_names_every_piece() -> None:
     assert report["PIL"].endswith(PIL.__version__)
     assert report["PIL"].split()[0] in ("Pillow", "Pillow-SIMD")
     assert report["cpu affinity"].startswith(f"{len(os.sched_getaffinity(0))} cores")
+    from fastloader.image import jpeg_ext
+
+    assert report["jpeg extension"].startswith("built" if jpeg_ext.AVAILABLE else "not built")
 
 
 def test_console_script_prints_json() -> None:
