@@ -12,6 +12,11 @@ Each part runs alone over every image of an LMDB (best of ``--repeats`` passes, 
 - ``batch``: ``__getitems__`` + ``collate`` of batches of 256: the whole per-batch work of a worker,
   without the hand-off to the main process.
 
+Once for the LMDB, the decoder alone (libjpeg-turbo through ``jpeg_ext``, the fast IDCT): the whole
+image at full scale, and the whole image at 1/8 scale, which still Huffman-decodes every coefficient but
+does 1/64 of the IDCT, upsampling and colour conversion: the entropy-decoding floor that no decoder built
+on libjpeg-turbo (FFCV's included) goes below, and which grows with the bytes per image.
+
 Pipelines: ``train`` (RandomResizedCrop(224) + flip), ``eval`` (Resize(256) + CenterCrop(224)) and
 ``eval-ffcv`` (FFCV's eval recipe: a centre square of 224/256 of the shorter side, resized to 224).
 
@@ -33,6 +38,7 @@ import torch
 from fastloader import transforms as T
 from fastloader.datasets import LMDBDataset
 from fastloader.image import decode as D
+from fastloader.image import jpeg_ext
 from fastloader.image.batching import allocate_batch, collate
 from fastloader.image.geometry import Frame
 from fastloader.transforms.fused import FusedTransform
@@ -103,6 +109,22 @@ def measure(lmdb: str, name: str, repeats: int) -> dict[str, float]:
     return {part: per_image(function, count, repeats) for part, function in parts.items()}
 
 
+def measure_decoder(lmdb: str, repeats: int) -> dict[str, float]:
+    """The whole-image decode at full and at 1/8 scale (the entropy-decoding floor), µs per image."""
+    source = LMDBDataset(lmdb).source
+    blobs = [source.read(i) for i in range(len(source))]
+    result = {"bytes per image": sum(map(len, blobs)) / len(blobs)}
+    if jpeg_ext.AVAILABLE:
+
+        def decode_all(scale: int) -> None:
+            for blob in blobs:
+                jpeg_ext.decode(blob, scale, fast=True)
+
+        result["whole image"] = per_image(lambda: decode_all(1), len(blobs), repeats)
+        result["whole image at 1/8 (entropy floor)"] = per_image(lambda: decode_all(8), len(blobs), repeats)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lmdb", default=str(ROOT / "data" / "bench-5000-256.lmdb"))
@@ -112,6 +134,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result: dict[str, Any] = {"benchmark": "image_cost", "lmdb": args.lmdb, "unit": "us per image"}
+    result["decoder"] = measure_decoder(args.lmdb, args.repeats)
+    print("decoder", "  ".join(f"{part} {value:.1f}" for part, value in result["decoder"].items()))
     for name in args.pipelines:
         result[name] = measure(args.lmdb, name, args.repeats)
         print(name, "  ".join(f"{part} {value:.1f}" for part, value in result[name].items()))
