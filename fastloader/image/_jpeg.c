@@ -545,9 +545,13 @@ static PyObject *jpeg_decode_resized(PyObject *self, PyObject *args) {
 
     if (status == -1 && job.err.kind != 0)
         raise_job_error(&job); /* libjpeg's failure: corrupt or unsupported data */
-    else if (status == -1)
-        PyErr_Format(PyExc_RuntimeError, "decode_resized: the rows decoded for box (%zd, %zd, %zd, %zd) miss (%g, %g, %g, %g)",
-                     job.x0, job.y0, job.x1, job.y1, source[0], source[1], source[2], source[3]);
+    else if (status == -1) {
+        char message[256]; /* PyErr_Format has no float formats */
+        snprintf(message, sizeof message,
+                 "decode_resized: the rows decoded for box (%zd, %zd, %zd, %zd) miss (%g, %g, %g, %g)", job.x0, job.y0,
+                 job.x1, job.y1, source[0], source[1], source[2], source[3]);
+        PyErr_SetString(PyExc_RuntimeError, message);
+    }
     else if (status < -1)
         PyErr_NoMemory();
     close_job(&job);

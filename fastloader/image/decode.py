@@ -134,9 +134,8 @@ def decode_plan(
     ``out`` (optional, H×W×3 uint8, any strides: a slot of a batch buffer or of a cache) receives
     the pixels instead of a new array. ``fast``: libjpeg's fast IDCT and upsampling, and the
     extension's own resize (JPEG region decodes only; about one level from the exact pixels on
-    average). ``header``: from
-    :func:`read_header` when the caller has it (the pixel limit is then not checked again, and an image
-    the region decoder does not take goes straight to PIL).
+    average). ``header``: from :func:`read_header` when the caller has it (the pixel limit is then
+    not checked again, and an image the region decoder does not take goes straight to PIL).
     """
     height, width = plan.size
     if out is None:

@@ -538,7 +538,8 @@ def test_decode_resized_refuses_bad_data_and_bad_targets(jpegs: dict[str, bytes]
         )
     with pytest.raises(ValueError, match="filter"):
         jpeg_ext.decode_resized(data, (0, 0, 500, 375), 1, True, whole, True, out, False, 5)
-    with pytest.raises(RuntimeError, match="miss"):  # the rows decoded do not reach the box: a planning bug, loudly
+    # The rows decoded do not reach the box: a planning bug, said loudly, with both boxes.
+    with pytest.raises(RuntimeError, match=r"box \(0, 0, 100, 100\) miss \(50, 50, 200, 200\)"):
         jpeg_ext.decode_resized(data, (0, 0, 100, 100), 1, True, (50.0, 50.0, 200.0, 200.0), False, out, False, 1)
 
 
