@@ -208,21 +208,25 @@ static inline uint8_t clip8(int32_t sum) {
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
+/* Byte j of an output row: the bytes j of its n input rows (from `first`, in_stride apart) by the weights. */
+static inline uint8_t weigh_byte(const uint8_t *first, size_t in_stride, size_t j, const int32_t *w, int n) {
+    int32_t sum = HALF;
+    int t;
+    for (t = 0; t < n; t++) sum += first[(size_t)t * in_stride + j] * w[t];
+    return clip8(sum);
+}
+
 /* Rows of `bytes` bytes, weighted along the rows by `axis`: output row i, at out + i * out_stride, from the
  * input rows axis->first[i] - row0 + t of `in` (rows in_stride bytes apart). */
 static void weigh_rows_baseline(const uint8_t *in, size_t in_stride, int row0, size_t bytes, const Axis *axis,
                                 int out_rows, uint8_t *out, ptrdiff_t out_stride) {
-    int i, t;
+    int i;
     size_t j;
     for (i = 0; i < out_rows; i++) {
         const int32_t *w = axis->weights + (size_t)i * axis->taps;
         const uint8_t *first = in + (size_t)(axis->first[i] - row0) * in_stride;
         uint8_t *row = out + (ptrdiff_t)i * out_stride;
-        for (j = 0; j < bytes; j++) {
-            int32_t sum = HALF;
-            for (t = 0; t < axis->count[i]; t++) sum += first[(size_t)t * in_stride + j] * w[t];
-            row[j] = clip8(sum);
-        }
+        for (j = 0; j < bytes; j++) row[j] = weigh_byte(first, in_stride, j, w, axis->count[i]);
     }
 }
 
@@ -260,11 +264,7 @@ __attribute__((target("avx2"))) static void weigh_rows_avx2(const uint8_t *in, s
             _mm256_storeu_si256((__m256i *)(row + j),
                                 _mm256_packus_epi16(_mm256_packs_epi32(sum[0], sum[1]), _mm256_packs_epi32(sum[2], sum[3])));
         }
-        for (; j < bytes; j++) {
-            int32_t total = HALF;
-            for (t = 0; t < n; t++) total += first[(size_t)t * in_stride + j] * w[t];
-            row[j] = clip8(total);
-        }
+        for (; j < bytes; j++) row[j] = weigh_byte(first, in_stride, j, w, n);
     }
 }
 #endif
@@ -349,7 +349,8 @@ static void transpose_out_baseline(const uint8_t *columns, size_t in_stride, int
 }
 
 #if HAVE_AVX2
-/* 4 x 4 blocks of 4-byte pixels, transposed in registers; RGBX to packed RGB and back by byte shuffles. */
+/* 4 x 4 blocks of 4-byte pixels, transposed in registers; RGBX to packed RGB and back by byte shuffles.
+ * The edges that make no whole block go to the plain transposes. */
 __attribute__((target("avx2"))) static inline void transpose4(__m128i *v) {
     __m128i t0 = _mm_unpacklo_epi32(v[0], v[1]), t1 = _mm_unpackhi_epi32(v[0], v[1]);
     __m128i t2 = _mm_unpacklo_epi32(v[2], v[3]), t3 = _mm_unpackhi_epi32(v[2], v[3]);
@@ -373,12 +374,9 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *src
             for (k = 0; k < 4; k++)
                 _mm_storeu_si128((__m128i *)(out + (size_t)(x + k) * out_stride), _mm_shuffle_epi8(v[k], pack));
         }
-        for (; x < cols; x++)
-            for (k = 0; k < 4; k++) memcpy(out + (size_t)x * out_stride + (size_t)k * 3, in + k * stride + (size_t)x * 4, 4);
+        transpose_in_baseline(in + (size_t)x * 4, stride, cols - x, 4, out + (size_t)x * out_stride, out_stride);
     }
-    for (; y < rows; y++)
-        for (x = 0; x < cols; x++)
-            memcpy(columns + (size_t)x * out_stride + (size_t)y * 3, src + (ptrdiff_t)y * stride + (size_t)x * 4, 4);
+    transpose_in_baseline(src + (ptrdiff_t)y * stride, stride, cols, rows - y, columns + (size_t)y * 3, out_stride);
 }
 
 __attribute__((target("avx2"))) static void transpose_out_avx2(const uint8_t *columns, size_t in_stride, int cols,
@@ -399,17 +397,36 @@ __attribute__((target("avx2"))) static void transpose_out_avx2(const uint8_t *co
             for (k = 0; k < 4; k++)
                 _mm_storeu_si128((__m128i *)(out + (size_t)k * out_stride + (size_t)x * 3), _mm_shuffle_epi8(v[k], pack));
         }
-        for (; x < cols; x++)
-            for (k = 0; k < 4; k++)
-                memcpy(out + (size_t)k * out_stride + (size_t)x * 3,
-                       in + (size_t)(flip ? cols - 1 - x : x) * in_stride + (size_t)k * 3, 4);
+        /* Output pixels x.. come from columns x.. (flipped: the first cols - x, mirrored). */
+        transpose_out_baseline(flip ? in : in + (size_t)x * in_stride, in_stride, cols - x, 4, flip,
+                               out + (size_t)x * 3, out_stride);
     }
-    for (; y < rows; y++)
-        for (x = 0; x < cols; x++)
-            memcpy(dst + (size_t)y * out_stride + (size_t)x * 3,
-                   columns + (size_t)(flip ? cols - 1 - x : x) * in_stride + (size_t)y * 3, 4);
+    transpose_out_baseline(columns + (size_t)y * 3, in_stride, cols, rows - y, flip, dst + (size_t)y * out_stride,
+                           out_stride);
 }
 #endif
+
+static void transpose_in(const uint8_t *src, ptrdiff_t stride, int cols, int rows, uint8_t *columns,
+                         size_t out_stride) {
+#if HAVE_AVX2
+    if (fl_resample_simd()) {
+        transpose_in_avx2(src, stride, cols, rows, columns, out_stride);
+        return;
+    }
+#endif
+    transpose_in_baseline(src, stride, cols, rows, columns, out_stride);
+}
+
+static void transpose_out(const uint8_t *columns, size_t in_stride, int cols, int rows, int flip, uint8_t *dst,
+                          size_t out_stride) {
+#if HAVE_AVX2
+    if (fl_resample_simd()) {
+        transpose_out_avx2(columns, in_stride, cols, rows, flip, dst, out_stride);
+        return;
+    }
+#endif
+    transpose_out_baseline(columns, in_stride, cols, rows, flip, dst, out_stride);
+}
 
 int fl_resample(const uint8_t *src, ptrdiff_t src_stride, int src_w, int src_h, const float box[4], uint8_t *dst,
                 ptrdiff_t dst_stride, int out_w, int out_h, int filter, int flip) {
@@ -440,19 +457,9 @@ int fl_resample(const uint8_t *src, ptrdiff_t src_stride, int src_w, int src_h, 
         const uint8_t *region = src + (ptrdiff_t)row0 * src_stride + (ptrdiff_t)col0 * 4;
         across = columns + columns_size;
         rows_rgb = across + across_size;
-#if HAVE_AVX2
-        if (fl_resample_simd()) {
-            transpose_in_avx2(region, src_stride, cols, rows, columns, column_stride);
-            weigh(columns, column_stride, col0, column_bytes, &ax, out_w, across, (ptrdiff_t)column_stride);
-            transpose_out_avx2(across, column_stride, out_w, rows, flip, rows_rgb, row_stride);
-            status = 0;
-        }
-#endif
-        if (status) {
-            transpose_in_baseline(region, src_stride, cols, rows, columns, column_stride);
-            weigh(columns, column_stride, col0, column_bytes, &ax, out_w, across, (ptrdiff_t)column_stride);
-            transpose_out_baseline(across, column_stride, out_w, rows, flip, rows_rgb, row_stride);
-        }
+        transpose_in(region, src_stride, cols, rows, columns, column_stride);
+        weigh(columns, column_stride, col0, column_bytes, &ax, out_w, across, (ptrdiff_t)column_stride);
+        transpose_out(across, column_stride, out_w, rows, flip, rows_rgb, row_stride);
         weigh(rows_rgb, row_stride, row0, row_bytes, &ay, out_h, dst, dst_stride);
         status = 0;
     }

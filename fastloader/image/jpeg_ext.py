@@ -67,28 +67,31 @@ def _module() -> Any:
     return _ext
 
 
-def jpeg_info(data: bytes) -> tuple[int, int, int]:
-    """(width, height, n_components) from the JPEG header only; ValueError if it is not a readable JPEG."""
+def _call(name: str, *args: Any) -> Any:
+    """The extension's ``name(*args)``, its errors as fastloader's (the data's fault: the fallback errors)."""
     module = _module()
     try:
-        width, height, components = module.info(data)
+        return getattr(module, name)(*args)
     except NotImplementedError as error:
         raise UnsupportedJPEGError(str(error)) from None
     except module.CorruptJPEG as error:
         raise CorruptJPEGError(str(error)) from None
+
+
+def _check_scale(scale_denom: int) -> None:
+    if scale_denom not in SCALE_DENOMS:
+        raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, int]:
+    """(width, height, n_components) from the JPEG header only; ValueError if it is not a readable JPEG."""
+    width, height, components = _call("info", data)
     return int(width), int(height), int(components)
 
 
 def _run(data: bytes, box: tuple[int, int, int, int] | None, scale_denom: int, fast: bool, rgbx: bool = False) -> Any:
-    if scale_denom not in SCALE_DENOMS:
-        raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
-    module = _module()
-    try:
-        return module.decode(data, box, scale_denom, bool(fast), bool(rgbx))
-    except NotImplementedError as error:
-        raise UnsupportedJPEGError(str(error)) from None
-    except module.CorruptJPEG as error:
-        raise CorruptJPEGError(str(error)) from None
+    _check_scale(scale_denom)
+    return _call("decode", data, box, scale_denom, bool(fast), bool(rgbx))
 
 
 def _array(buffer: bytearray, offset: int, height: int, width: int, channels: int = 3) -> np.ndarray:
@@ -144,15 +147,8 @@ def decode_resized(
     bits as Pillow-SIMD keeps them (within two levels of PIL's pixels). Errors as :func:`decode_region`;
     RuntimeError if the rows decoded for ``box`` do not cover ``source``.
     """
-    if scale_denom not in SCALE_DENOMS:
-        raise ValueError(f"scale_denom must be one of {SCALE_DENOMS}, got {scale_denom!r}")
-    module = _module()
-    try:
-        module.decode_resized(data, box, scale_denom, fast, source, crop, out, flip, filter_code)
-    except NotImplementedError as error:
-        raise UnsupportedJPEGError(str(error)) from None
-    except module.CorruptJPEG as error:
-        raise CorruptJPEGError(str(error)) from None
+    _check_scale(scale_denom)
+    _call("decode_resized", data, box, scale_denom, fast, source, crop, out, flip, filter_code)
 
 
 def pack_rgb(arrow: tuple[Any, Any], out: np.ndarray, flip: bool = False) -> None:

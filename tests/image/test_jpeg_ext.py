@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -510,7 +511,7 @@ def test_the_vector_and_plain_resize_give_the_same_integers(jpegs: dict[str, byt
             capture_output=True,
             text=True,
             timeout=120,
-            env={**__import__("os").environ, **env},
+            env={**os.environ, **env},
         )
         assert run.returncode == 0, run.stderr
         runs[name] = (run.stdout.split()[-1], (tmp_path / name).read_bytes())
