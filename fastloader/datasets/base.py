@@ -55,6 +55,9 @@ from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
+# Encoded bytes a batch's decode holds at once: all of a batch of small images (256 x 20 KB), a few calls for
+# large ones, so that a worker never holds a whole batch of 10 MB images beside their pixels.
+_BATCH_BYTES = 16 << 20
 
 
 @runtime_checkable
@@ -95,7 +98,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
     ``__getitems__``, samples with fields and GPU decode all get their image from ``_decoded()`` (the
-    cache, else read -> header -> crop plan -> decode, timed there once). Without one, the image comes
+    cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no error
+    policy and no cache takes the same steps for the whole batch at once (``_decode_batch()``: the reads,
+    then the headers and plans, then the decodes in one call of the JPEG extension). Without one, the image comes
     from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one) and the transform.
     """
 
@@ -172,6 +177,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return [item for item in items if item is not None]  # "skip" drops bad samples
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
+        if policy is None and self._cache is None:  # the hot path: the whole batch at once
+            positions = [check_index(index, len(self.source)) for index in indices]
+            self._decode_batch(fused, positions, pixels)
+            return PrecollatedBatch(buffer, [self._label(index) for index in positions])
         targets, kept = [], []
         for slot, index in enumerate(indices):
             index = check_index(index, len(self.source))
@@ -194,6 +203,24 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if self._layout is not None and not self._layout.wants_image:
             return None
         return size
+
+    def _decode_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> None:
+        """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one
+        call of the extension (``FusedTransform.decode_batch``); errors name the item's key. The encoded
+        bytes held at once are bounded (``_BATCH_BYTES``: a batch of large images goes in several calls)."""
+        source, start = self.source, 0
+        while start < len(indices):
+            blobs: list[bytes] = []
+            held = 0
+            with timed("read"):
+                while start + len(blobs) < len(indices) and held < _BATCH_BYTES:
+                    blobs.append(source.read(indices[start + len(blobs)]))
+                    held += len(blobs[-1])
+            end = start + len(blobs)
+            keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
+            with timed("decode"):
+                fused.decode_batch(blobs, pixels[start:end], keys.__getitem__)
+            start = end
 
     def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
         """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""

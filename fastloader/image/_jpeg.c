@@ -495,70 +495,223 @@ PyDoc_STRVAR(decode_resized_doc,
              "source is whole pixels and the filter sees nothing outside it. filter: 0 box, 1 bilinear, 2 hamming, "
              "3 bicubic, 4 lanczos. Errors as decode(); RuntimeError if the decoded rows miss source.");
 
+/* One image decoded and resized into dst, without the GIL (job: init_job'd, its box, scale and fast set).
+ * 0, or resize_rows()'s -1 / -2, -1 also when libjpeg failed (job->err.kind then says how), -3 out of memory. */
+static int decode_resize_job(Job *job, const unsigned char *data, size_t size, const double source[4], int crop,
+                             unsigned char *dst, Py_ssize_t dst_stride, int out_w, int out_h, int filter, int flip) {
+    unsigned char *pixels;
+    int status;
+
+    job->bpp = 4;
+    status = phase_start(job, data, size);
+    if (status) return status;
+    /* The thread's own buffer, kept for its next image: fresh memory each time is new pages each time. */
+    pixels = fl_thread_buffer(FL_BUFFER_DECODE,
+                              LEAD + (size_t)(job->row1 - job->row0) * job->out_w * (size_t)job->bpp + job->full_row_bytes);
+    if (pixels == NULL) return -3;
+    status = phase_rows(job, pixels + LEAD);
+    if (status) return status;
+    return resize_rows(job, pixels + LEAD, source, crop, dst, dst_stride, out_w, out_h, filter, flip);
+}
+
+/* The Python error for a failed decode_resize_job (the caller holds the GIL). */
+static void raise_resize_error(Job *job, int status, const double source[4]) {
+    if (status == -1 && job->err.kind != 0)
+        raise_job_error(job); /* libjpeg's failure: corrupt or unsupported data */
+    else if (status == -1) {
+        char message[256]; /* PyErr_Format has no float formats */
+        snprintf(message, sizeof message,
+                 "decode_resized: the rows decoded for box (%zd, %zd, %zd, %zd) miss (%g, %g, %g, %g)", job->x0, job->y0,
+                 job->x1, job->y1, source[0], source[1], source[2], source[3]);
+        PyErr_SetString(PyExc_RuntimeError, message);
+    } else
+        PyErr_NoMemory();
+}
+
+static int valid_scale_and_filter(int scale, int filter) {
+    if ((scale == 1 || scale == 2 || scale == 4 || scale == 8) && filter >= 0 && filter < FL_FILTERS) return 1;
+    PyErr_Format(PyExc_ValueError, "decode_resized: bad scale_denom %d or filter %d", scale, filter);
+    return 0;
+}
+
+/* A writable uint8 buffer of `ndim` dimensions, the last two (W, 3) with packed pixels. */
+static int get_pixels(PyObject *out, Py_buffer *target, int ndim, const char *what) {
+    int d;
+    if (PyObject_GetBuffer(out, target, PyBUF_RECORDS) < 0) return 0;
+    if (target->ndim == ndim && target->itemsize == 1 && target->shape[ndim - 1] == 3 &&
+        target->strides[ndim - 1] == 1 && target->strides[ndim - 2] == 3 && target->shape[ndim - 2] <= INT32_MAX / 3) {
+        for (d = 0; d < ndim - 1 && target->shape[d] >= 1 && target->shape[d] <= INT32_MAX; d++) {}
+        if (d == ndim - 1) return 1;
+    }
+    PyErr_Format(PyExc_ValueError, "decode_resized: %s must be a non-empty uint8 %s with packed pixels", what,
+                 ndim == 3 ? "(H, W, 3)" : "(N, H, W, 3)");
+    PyBuffer_Release(target);
+    return 0;
+}
+
 static PyObject *jpeg_decode_resized(PyObject *self, PyObject *args) {
     Py_buffer view, target;
     PyObject *out;
     Job job;
     double source[4];
     int scale, fast, crop, flip, filter, status;
-    unsigned char *pixels = NULL;
     (void)self;
 
     init_job(&job);
     if (!PyArg_ParseTuple(args, "y*(nnnn)ip(dddd)pOpi:decode_resized", &view, &job.x0, &job.y0, &job.x1, &job.y1,
                           &scale, &fast, &source[0], &source[1], &source[2], &source[3], &crop, &out, &flip, &filter))
         return NULL;
-    if ((scale != 1 && scale != 2 && scale != 4 && scale != 8) || filter < 0 || filter >= FL_FILTERS) {
-        PyErr_Format(PyExc_ValueError, "decode_resized: bad scale_denom %d or filter %d", scale, filter);
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(out, &target, PyBUF_RECORDS) < 0) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (target.ndim != 3 || target.itemsize != 1 || target.shape[2] != 3 || target.strides[2] != 1 ||
-        target.strides[1] != 3 || target.shape[0] < 1 || target.shape[1] < 1 || target.shape[0] > INT32_MAX ||
-        target.shape[1] > INT32_MAX / 3) {
-        PyErr_SetString(PyExc_ValueError, "decode_resized: out must be a non-empty uint8 (H, W, 3) with packed pixels");
-        PyBuffer_Release(&target);
+    if (!valid_scale_and_filter(scale, filter) || !get_pixels(out, &target, 3, "out")) {
         PyBuffer_Release(&view);
         return NULL;
     }
     job.scale = scale;
     job.fast = fast;
-    job.bpp = 4;
 
     Py_BEGIN_ALLOW_THREADS
-    status = phase_start(&job, (const unsigned char *)view.buf, (size_t)view.len);
-    if (status == 0) {
-        /* The thread's own buffer, kept for its next image: fresh memory each time is new pages each time. */
-        pixels = fl_thread_buffer(FL_BUFFER_DECODE,
-                                  LEAD + (size_t)(job.row1 - job.row0) * job.out_w * (size_t)job.bpp + job.full_row_bytes);
-        status = pixels == NULL ? -3 : phase_rows(&job, pixels + LEAD);
-    }
-    if (status == 0)
-        status = resize_rows(&job, pixels + LEAD, source, crop, (unsigned char *)target.buf, target.strides[0],
-                             (int)target.shape[1], (int)target.shape[0], filter, flip);
+    status = decode_resize_job(&job, (const unsigned char *)view.buf, (size_t)view.len, source, crop,
+                               (unsigned char *)target.buf, target.strides[0], (int)target.shape[1],
+                               (int)target.shape[0], filter, flip);
     fl_thread_buffers_trim();
     Py_END_ALLOW_THREADS
 
-    if (status == -1 && job.err.kind != 0)
-        raise_job_error(&job); /* libjpeg's failure: corrupt or unsupported data */
-    else if (status == -1) {
-        char message[256]; /* PyErr_Format has no float formats */
-        snprintf(message, sizeof message,
-                 "decode_resized: the rows decoded for box (%zd, %zd, %zd, %zd) miss (%g, %g, %g, %g)", job.x0, job.y0,
-                 job.x1, job.y1, source[0], source[1], source[2], source[3]);
-        PyErr_SetString(PyExc_RuntimeError, message);
-    }
-    else if (status < -1)
-        PyErr_NoMemory();
+    if (status) raise_resize_error(&job, status, source);
     close_job(&job);
     PyBuffer_Release(&target);
     PyBuffer_Release(&view);
     if (status) return NULL;
     Py_RETURN_NONE;
+}
+
+/* ---- a whole batch in one call ---- */
+
+/* One image of a batch: its bytes, what to decode, where its pixels go, and how it ended. */
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t box[4];
+    double source[4];
+    int scale, crop, flip, filter, status, kind;
+    unsigned char *dst;
+    int out_w, out_h;
+    char message[JMSG_LENGTH_MAX + 64];
+} BatchImage;
+
+/* The image's data was at fault (libjpeg refused it): the image's alone, the caller decodes it otherwise. */
+static int data_fault(const BatchImage *image) {
+    return image->status == -1 && (image->kind == FAIL_CORRUPT || image->kind == FAIL_UNSUPPORTED);
+}
+
+static void batch_job(Job *job, const BatchImage *image, int fast) {
+    init_job(job);
+    job->x0 = image->box[0];
+    job->y0 = image->box[1];
+    job->x1 = image->box[2];
+    job->y1 = image->box[3];
+    job->scale = image->scale;
+    job->fast = fast;
+}
+
+/* Parse jobs[i] into image (with the GIL): 1, or 0 with a Python error set. */
+static int parse_batch_image(PyObject *job, Py_ssize_t i, const Py_buffer *target, BatchImage *image) {
+    Py_ssize_t slot, rect[4];
+    if (!PyTuple_Check(job)) {
+        PyErr_Format(PyExc_TypeError, "decode_resized_batch: job %zd is not a tuple", i);
+        return 0;
+    }
+    if (!PyArg_ParseTuple(job, "y*(nnnn)i(dddd)pn(nnnn)pi:decode_resized_batch", &image->view, &image->box[0],
+                          &image->box[1], &image->box[2], &image->box[3], &image->scale, &image->source[0],
+                          &image->source[1], &image->source[2], &image->source[3], &image->crop, &slot, &rect[0],
+                          &rect[1], &rect[2], &rect[3], &image->flip, &image->filter))
+        return 0;
+    if (!valid_scale_and_filter(image->scale, image->filter)) goto bad;
+    if (slot < 0 || slot >= target->shape[0] || rect[0] < 0 || rect[1] < 0 || rect[2] > target->shape[2] ||
+        rect[3] > target->shape[1] || rect[0] >= rect[2] || rect[1] >= rect[3]) {
+        PyErr_Format(PyExc_ValueError, "decode_resized_batch: job %zd: slot %zd or rectangle (%zd, %zd, %zd, %zd) "
+                     "outside out's %zd slots of %zdx%zd", i, slot, rect[0], rect[1], rect[2], rect[3],
+                     target->shape[0], target->shape[2], target->shape[1]);
+        goto bad;
+    }
+    image->dst = (unsigned char *)target->buf + slot * target->strides[0] + rect[1] * target->strides[1] + rect[0] * 3;
+    image->out_w = (int)(rect[2] - rect[0]);
+    image->out_h = (int)(rect[3] - rect[1]);
+    return 1;
+bad:
+    PyBuffer_Release(&image->view);
+    return 0;
+}
+
+PyDoc_STRVAR(decode_resized_batch_doc,
+             "decode_resized_batch(jobs, out, fast) -> [(position, unsupported, message), ...]\n\n"
+             "decode_resized for a whole batch without the GIL in between. out: a writable uint8 (N, H, W, 3) "
+             "buffer with packed pixels. Each job: (data, box, scale_denom, source, crop, slot, rect, flip, filter), "
+             "as decode_resized's arguments, the image going to out[slot] at rect=(u0, v0, u1, v1) (already "
+             "mirrored for flip). Returns the jobs whose data libjpeg refused (unsupported: True for JPEG variants "
+             "left to PIL, False for corrupt data); the other jobs are decoded. RuntimeError if the decoded rows of "
+             "a job miss its source (a planning bug).");
+
+static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
+    PyObject *jobs, *out, *result = NULL;
+    Py_buffer target;
+    BatchImage *images;
+    Py_ssize_t count, parsed = 0, i, bad = -1;
+    int fast;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "O!Op:decode_resized_batch", &PyList_Type, &jobs, &out, &fast)) return NULL;
+    if (!get_pixels(out, &target, 4, "out")) return NULL;
+    count = PyList_GET_SIZE(jobs);
+    images = PyMem_Calloc(count ? (size_t)count : 1, sizeof *images);
+    if (images == NULL) {
+        PyBuffer_Release(&target);
+        return PyErr_NoMemory();
+    }
+    /* The list holds every job's bytes: their buffers stay valid while the GIL is released. */
+    for (; parsed < count; parsed++)
+        if (!parse_batch_image(PyList_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
+
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < count; i++) {
+        BatchImage *image = &images[i];
+        Job job;
+        batch_job(&job, image, fast);
+        image->status = decode_resize_job(&job, (const unsigned char *)image->view.buf, (size_t)image->view.len,
+                                          image->source, image->crop, image->dst, target.strides[1], image->out_w,
+                                          image->out_h, image->filter, image->flip);
+        image->kind = job.err.kind;
+        if (image->status) memcpy(image->message, job.err.message, sizeof image->message);
+        close_job(&job);
+        if (image->status && !data_fault(image)) { /* a planning bug or no memory ends the batch */
+            bad = i;
+            break;
+        }
+    }
+    fl_thread_buffers_trim();
+    Py_END_ALLOW_THREADS
+
+    if (bad >= 0) {
+        BatchImage *image = &images[bad];
+        Job job; /* only to phrase the error as decode_resized would */
+        batch_job(&job, image, fast);
+        job.err.kind = image->kind;
+        memcpy(job.err.message, image->message, sizeof job.err.message);
+        raise_resize_error(&job, image->status, image->source);
+        goto done;
+    }
+    result = PyList_New(0);
+    for (i = 0; result != NULL && i < count; i++) {
+        PyObject *failure;
+        if (images[i].status == 0) continue;
+        failure = Py_BuildValue("(nOs)", i, images[i].kind == FAIL_UNSUPPORTED ? Py_True : Py_False,
+                                images[i].message);
+        if (failure == NULL || PyList_Append(result, failure) < 0) Py_CLEAR(result);
+        Py_XDECREF(failure);
+    }
+
+done:
+    for (i = 0; i < parsed; i++) PyBuffer_Release(&images[i].view);
+    PyMem_Free(images);
+    PyBuffer_Release(&target);
+    return result;
 }
 
 /* ---- packing a resized image into its batch slot ---- */
@@ -675,6 +828,7 @@ static PyMethodDef methods[] = {
      "info(data) -> (width, height, n_components) from the JPEG header; ValueError if it is not one."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"decode_resized", jpeg_decode_resized, METH_VARARGS, decode_resized_doc},
+    {"decode_resized_batch", jpeg_decode_resized_batch, METH_VARARGS, decode_resized_batch_doc},
     {"pack_rgb", pack_rgb, METH_VARARGS, pack_rgb_doc},
     {NULL, NULL, 0, NULL},
 };

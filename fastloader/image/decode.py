@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -156,6 +157,68 @@ def decode_plan(
     return out
 
 
+def decode_plans(
+    images: Sequence[tuple[bytes, ImageHeader, CropPlan]],
+    out: np.ndarray,
+    fast: bool,
+    keys: Callable[[int], str],
+) -> None:
+    """:func:`decode_plan` of each ``(data, header, plan)`` into ``out[i]`` (uint8 N×H×W×3, packed pixels).
+
+    For a fast decode the plain JPEGs (whatever ``jpeg_ext.decode_resized`` takes) go to the extension in one
+    call, without the GIL for the whole batch and with no Python between images; the rest, and any the
+    extension refuses, one by one through :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are
+    those of :func:`decode_plan` with the same arguments, bit for bit.
+    """
+    if len(images) != len(out):
+        raise ValueError(f"{len(images)} images for {len(out)} output slots")
+    ext = _jpeg_ext()
+    batched = ext is not None and fast and out.strides[2:] == (3, 1)
+    jobs: list[tuple[Any, ...]] = []
+    slots: list[int] = []
+    rest: list[int] = []
+    # By plan: a plan of a fixed transform serves every image of one size (FusedTransform.decode_batch).
+    planned: dict[int, tuple[Any, ...] | None] = {}
+    for slot, (data, header, plan) in enumerate(images):
+        if plan.size != out.shape[1:3]:
+            raise ValueError(f"{keys(slot)}: the plan's size {plan.size} is not the slot's {out.shape[1:3]}")
+        if not (batched and header.plain_jpeg):
+            rest.append(slot)
+            continue
+        if id(plan) not in planned:
+            planned[id(plan)] = _slot_job(plan, header)
+        job = planned[id(plan)]
+        if job is None:
+            rest.append(slot)
+            continue
+        window, scale, source, crop, rect, code, padded = job
+        if padded:
+            out[slot] = 0  # torchvision pads a crop larger than the image with 0
+        jobs.append((data, window, scale, source, crop, slot, rect, plan.flip, code))
+        slots.append(slot)
+    if jobs:
+        assert ext is not None
+        rest += [slots[position] for position, _ in ext.decode_resized_batch(jobs, out, fast)]  # PIL's, or its error
+    for slot in rest:
+        data, header, plan = images[slot]
+        decode_plan(data, plan, keys(slot), out[slot], fast=fast, header=header)
+
+
+def _slot_job(plan: CropPlan, header: ImageHeader) -> tuple[Any, ...] | None:
+    """``decode_resized_batch``'s arguments for ``plan`` on a plain JPEG, less the data, the slot and the flip
+    (the window, the scale, the scaled box, crop, the output rectangle, the filter) and whether the output is
+    padded; None where :func:`decode_plan` must do it (nearest neighbour, a box that misses the image)."""
+    if plan.interpolation not in _RESAMPLERS:
+        return None
+    region = visible_region(plan, header.width, header.height)
+    if region is None:
+        return None
+    window, scale = _window(plan, region, header.width, header.height)
+    source, crop = _scaled_source(region, scale)
+    rect, padded = _target_rect(plan, region)
+    return window, scale, source, crop, rect, _RESAMPLERS[plan.interpolation], padded
+
+
 def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]) -> int:
     """The largest DCT scale denominator whose reduced image keeps ``_DCT_ROOM`` x the output resolution."""
     if _FILTERS[plan.interpolation][1] < 0.5:
@@ -166,6 +229,34 @@ def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]
         if room >= _DCT_ROOM * scale:
             return scale
     return 1
+
+
+def _window(
+    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], width: int, height: int
+) -> tuple[tuple[int, int, int, int], int]:
+    """The pixels to decode for ``region`` of a ``width`` x ``height`` JPEG, and the DCT scale to decode them at.
+
+    The resampling filter reaches past the box: a margin is decoded too, so that the edge pixels are
+    computed from the same neighbours as in a full decode."""
+    scale = _dct_scale(plan, region)
+    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
+    reach = _FILTERS[plan.interpolation][1] * max(1.0, (x1 - x0) / scale / (u1 - u0), (y1 - y0) / scale / (v1 - v0))
+    margin = (math.ceil(reach) + 1) * scale
+    wanted = (
+        max(0, math.floor(x0) - margin),
+        max(0, math.floor(y0) - margin),
+        min(width, math.ceil(x1) + margin),
+        min(height, math.ceil(y1) + margin),
+    )
+    return wanted, scale
+
+
+def _scaled_source(region: tuple[FloatBox, tuple[int, int, int, int]], scale: int) -> tuple[FloatBox, bool]:
+    """The region's box in the image decoded at 1/``scale``, and whether it is whole pixels (crop, then resize)."""
+    factor = 1.0 / scale
+    x0, y0, x1, y1 = region[0]
+    box = (x0 * factor, y0 * factor, x1 * factor, y1 * factor)
+    return box, whole_box(box) is not None
 
 
 def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, checked: bool) -> None:
@@ -205,26 +296,14 @@ def _decode_with_ext(
     if region is None:
         out[...] = 0
         return
-    scale = _dct_scale(plan, region)
-    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
-    # The resampling filter reaches past the box: decode a margin so that the edge pixels are
-    # computed from the same neighbours as in a full decode.
-    reach = _FILTERS[plan.interpolation][1] * max(1.0, (x1 - x0) / scale / (u1 - u0), (y1 - y0) / scale / (v1 - v0))
-    margin = (math.ceil(reach) + 1) * scale
-    wanted = (
-        max(0, math.floor(x0) - margin),
-        max(0, math.floor(y0) - margin),
-        min(width, math.ceil(x1) + margin),
-        min(height, math.ceil(y1) + margin),
-    )
+    wanted, scale = _window(plan, region, width, height)
     if fast and plan.interpolation in _RESAMPLERS and out.strides[1:] == (3, 1):
         # One call, no GIL: the region decoded, resized and written into its slot (jpeg_ext.decode_resized).
-        factor = 1.0 / scale
-        box = (x0 * factor, y0 * factor, x1 * factor, y1 * factor)
+        source, crop = _scaled_source(region, scale)
         target = _target(plan, region, out)
-        crop = whole_box(box) is not None
-        ext.decode_resized(data, wanted, scale, fast, box, crop, target, plan.flip, _RESAMPLERS[plan.interpolation])
+        ext.decode_resized(data, wanted, scale, fast, source, crop, target, plan.flip, _RESAMPLERS[plan.interpolation])
         return
+    (x0, y0, x1, y1), _ = region
     # RGBX: PIL keeps RGB as 4 bytes a pixel, so it wraps these pixels without a copy.
     pixels, (ox, oy) = ext.decode_region(data, wanted, scale_denom=scale, fast=fast, rgbx=True)
     got_h, got_w = pixels.shape[:2]
@@ -274,13 +353,23 @@ def _render(
 
 def _target(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], out: np.ndarray) -> np.ndarray:
     """The part of ``out`` the visible region is resized into (where a flip puts it); the rest zeroed."""
+    (u0, v0, u1, v1), padded = _target_rect(plan, region)
+    if padded:
+        out[...] = 0  # torchvision pads a crop larger than the image with 0
+    return out[v0:v1, u0:u1]
+
+
+def _target_rect(
+    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]
+) -> tuple[tuple[int, int, int, int], bool]:
+    """The output rectangle ``(u0, v0, u1, v1)`` the visible region goes to, mirrored for a flip, and whether
+    the output has padding around it (zeros)."""
     out_h, out_w = plan.size
     u0, v0, u1, v1 = region[1]
-    if (u1 - u0, v1 - v0) != (out_w, out_h):
-        out[...] = 0  # torchvision pads a crop larger than the image with 0
+    padded = (u1 - u0, v1 - v0) != (out_w, out_h)
     if plan.flip:
         u0, u1 = out_w - u1, out_w - u0
-    return out[v0:v1, u0:u1]
+    return (u0, v0, u1, v1), padded
 
 
 def _put(image: Any, target: np.ndarray, flip: bool) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "decode",
     "decode_region",
     "decode_resized",
+    "decode_resized_batch",
     "jpeg_info",
     "pack_rgb",
 ]
@@ -149,6 +150,23 @@ def decode_resized(
     """
     _check_scale(scale_denom)
     _call("decode_resized", data, box, scale_denom, fast, source, crop, out, flip, filter_code)
+
+
+def decode_resized_batch(jobs: list[tuple[Any, ...]], out: np.ndarray, fast: bool) -> list[tuple[int, Exception]]:
+    """:func:`decode_resized` for a whole batch, in one call without the GIL in between.
+
+    ``out``: uint8 (N, H, W, 3) with packed pixels. Each job: ``(data, box, scale_denom, source, crop, slot,
+    rect, flip, filter_code)``, as :func:`decode_resized`'s arguments, the image going to ``out[slot]`` at
+    ``rect`` = (u0, v0, u1, v1), already mirrored for ``flip`` (the rest of the slot is left as it is).
+    Returns ``(position in jobs, error)`` for the jobs whose data the extension refused (one of
+    ``FALLBACK_ERRORS``): the caller decodes those another way; every other job's pixels are in ``out``.
+    Bad arguments raise ValueError, rows that miss a job's ``source`` RuntimeError (a planning bug).
+    """
+    refused = _call("decode_resized_batch", jobs, out, bool(fast))
+    return [
+        (position, UnsupportedJPEGError(message) if unsupported else CorruptJPEGError(message))
+        for position, unsupported, message in refused
+    ]
 
 
 def pack_rgb(arrow: tuple[Any, Any], out: np.ndarray, flip: bool = False) -> None:

@@ -57,6 +57,9 @@ class FusedTransform:
     """
 
     _random = False
+    # The step's plan is a function of the image size alone and draws nothing from torch's RNG (Resize,
+    # CenterCrop; not RandomHorizontalFlip(p=1), which still draws): a batch plans each size once.
+    _size_only = False
     # libjpeg's fast integer IDCT and plain chroma upsampling (FFCV decodes the same way), and the
     # resize done in the JPEG extension, into the batch slot: pixels within about one level of the
     # exact decode on average. Compose's ``exact_decode=True`` gives torchvision's pixels exactly.
@@ -115,6 +118,24 @@ class FusedTransform:
         return Decoded(
             header, plan, decode.decode_plan(data, plan, key, out, fast=not self.exact_decode, header=header)
         )
+
+    def decode_batch(self, blobs: Sequence[bytes], out: np.ndarray, keys: Callable[[int], str]) -> None:
+        """:meth:`decode_planned` for a batch: image i of ``blobs`` into ``out[i]`` (uint8 N×H×W×3), the JPEGs
+        in one call of the extension (:func:`fastloader.image.decode.decode_plans`).
+
+        Headers are read and plans drawn image after image, as one call per image would draw them (the same
+        random crops); a plan that depends only on the size is made once per size. Errors name ``keys(i)``."""
+        images: list[tuple[bytes, decode.ImageHeader, CropPlan]] = []
+        by_size: dict[tuple[int, int], CropPlan] | None = {} if all(s._size_only for s in self.steps) else None
+        for slot, data in enumerate(blobs):
+            header = decode.read_header(data, keys(slot))
+            size = header.width, header.height
+            if by_size is None:
+                plan = self.plan(*size)
+            else:
+                plan = by_size.get(size) or by_size.setdefault(size, self.plan(*size))
+            images.append((data, header, plan))
+        decode.decode_plans(images, out, not self.exact_decode, keys)
 
     def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
         """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""
@@ -226,6 +247,8 @@ class RandomResizedCrop(FusedTransform):
 class Resize(FusedTransform):
     """torchvision's ``Resize``: an int sets the shorter side (at most ``max_size`` long), ``(h, w)`` both."""
 
+    _size_only = True
+
     def __init__(
         self,
         size: int | Sequence[int],
@@ -271,6 +294,8 @@ class Resize(FusedTransform):
 
 class CenterCrop(FusedTransform):
     """torchvision's ``CenterCrop``; a crop larger than the image is padded with 0, as torchvision pads."""
+
+    _size_only = True
 
     def __init__(self, size: int | Sequence[int]) -> None:
         self.size = _pair(size, "size")

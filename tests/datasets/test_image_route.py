@@ -1,5 +1,6 @@
 """One route from bytes to pixels: every way an ImageDataset hands out a fused image runs header ->
-plan -> decode once per image (FusedTransform.decode_planned), timed once (one read, one decode)."""
+plan -> decode once per image (FusedTransform.decode_planned), timed once (one read, one decode); a batch
+of fixed-size images runs it for the whole batch in one call (FusedTransform.decode_batch), timed once."""
 
 from __future__ import annotations
 
@@ -23,19 +24,25 @@ DETECTION = {"image": "jpg", "mask": Mask("seg.png"), "target": Boxes("json", pa
 
 @pytest.fixture()
 def route(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Counts the dataset's decode_planned calls and its timed stages."""
+    """Counts the dataset's decode_planned and decode_batch calls and its timed stages."""
     seen: Counter[str] = Counter()
-    real_decode, real_timed = FusedTransform.decode_planned, base.timed
+    real_decode, real_batch, real_timed = FusedTransform.decode_planned, FusedTransform.decode_batch, base.timed
 
     def decode_planned(self: FusedTransform, *args: Any, **kwargs: Any) -> Any:
         seen["decode_planned"] += 1
         return real_decode(self, *args, **kwargs)
+
+    def decode_batch(self: FusedTransform, blobs: Any, *args: Any) -> Any:
+        seen["decode_batch"] += 1
+        seen["decode_batch images"] += len(blobs)
+        return real_batch(self, blobs, *args)
 
     def timed(stage: str) -> Any:
         seen[stage] += 1
         return real_timed(stage)
 
     monkeypatch.setattr(FusedTransform, "decode_planned", decode_planned)
+    monkeypatch.setattr(FusedTransform, "decode_batch", decode_batch)
     monkeypatch.setattr(base, "timed", timed)
     yield seen
 
@@ -54,6 +61,15 @@ def test_one_item(route: Counter[str]) -> None:
 
 def test_a_batch_decoded_into_its_buffer(route: Counter[str]) -> None:
     batch = dataset().__getitems__([0, 1, 2])
+    assert isinstance(batch, PrecollatedBatch) and tuple(batch.images.shape) == (3, 3, 32, 32)
+    assert route == {"decode_batch": 1, "decode_batch images": 3, "read": 1, "decode": 1}
+
+
+def test_a_batch_under_an_error_policy_goes_image_by_image(route: Counter[str]) -> None:
+    """A policy decides per sample (skip, replace): each one through decode_planned, as for one item."""
+    policed = dataset()
+    policed.set_error_policy("skip")
+    batch = policed.__getitems__([0, 1, 2])
     assert isinstance(batch, PrecollatedBatch) and tuple(batch.images.shape) == (3, 3, 32, 32)
     assert route == {"decode_planned": 3, "read": 3, "decode": 3}
 

@@ -36,6 +36,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 EVAL = T.Compose([T.Resize(64), T.CenterCrop(56)], exact_decode=True)
 TRAIN = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip()])
+EVAL_FAST = T.Compose([T.Resize(64), T.CenterCrop(48)])
 
 
 class PerSample(Dataset[Any]):
@@ -68,9 +69,10 @@ def test_getitems_writes_one_channels_last_buffer(folder: Path) -> None:
     assert torch.equal(stacked_images, images) and torch.equal(stacked_labels, labels)
 
 
+@pytest.mark.parametrize("transform", [TRAIN, EVAL_FAST], ids=["train", "eval"])
 @pytest.mark.parametrize("collate_fn", [collate, None], ids=["collate", "default_collate"])
-def test_dataloader_workers_match_the_per_sample_path(folder: Path, collate_fn: Any) -> None:
-    dataset = ImageFolder(folder, transform=TRAIN)
+def test_dataloader_workers_match_the_per_sample_path(folder: Path, collate_fn: Any, transform: Any) -> None:
+    dataset = ImageFolder(folder, transform=transform)
     kwargs: dict[str, Any] = {"batch_size": 5, "num_workers": 2, "shuffle": True}
     ours = DataLoader(dataset, collate_fn=collate_fn, generator=torch.Generator().manual_seed(7), **kwargs)
     reference = DataLoader(PerSample(dataset), generator=torch.Generator().manual_seed(7), **kwargs)
@@ -81,6 +83,29 @@ def test_dataloader_workers_match_the_per_sample_path(folder: Path, collate_fn: 
         assert torch.equal(images, ref_images)  # the same crops and flips: same draws, same order
         count += len(labels)
     assert count == len(dataset)
+
+
+def test_a_batch_of_large_images_is_decoded_in_parts(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded encoded bytes per decode call: the same pixels and draws, in as many calls as the bound asks."""
+    import fastloader.datasets.base as base
+    from fastloader.transforms.fused import FusedTransform
+
+    dataset = ImageFolder(folder, transform=TRAIN)
+    torch.manual_seed(3)
+    whole = dataset.__getitems__(list(range(24)))
+    calls: list[int] = []
+    real = FusedTransform.decode_batch
+
+    def counted(self: FusedTransform, blobs: Any, *args: Any) -> None:
+        calls.append(len(blobs))
+        real(self, blobs, *args)
+
+    monkeypatch.setattr(base, "_BATCH_BYTES", 20_000)  # a few of these images
+    monkeypatch.setattr(FusedTransform, "decode_batch", counted)
+    torch.manual_seed(3)
+    parts = dataset.__getitems__(list(range(24)))
+    assert len(calls) > 2 and sum(calls) == 24
+    assert torch.equal(parts.images, whole.images) and torch.equal(parts.labels, whole.labels)
 
 
 def shared_in_worker(batch: Any) -> tuple[bool, torch.Tensor]:

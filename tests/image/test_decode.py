@@ -263,3 +263,56 @@ def test_the_header_is_read_once_per_image(kind: str, monkeypatch: pytest.Monkey
     assert tuple(pixels.shape) == (3, 32, 32)
     expected_ext = 1 if kind == "jpeg" and decode_module._jpeg_ext() is not None else 0
     assert calls == {"header": 1, "check": 1, "ext": expected_ext}
+
+
+def batch_of_every_kind() -> list[tuple[bytes, decode.ImageHeader, CropPlan]]:
+    """Images the extension takes and images it leaves to PIL, with plans of every route through decode_plan."""
+    size = (40, 48)
+    plans = [
+        CropPlan((13, 7, 301, 290), size, True),  # crop then resize, flipped
+        CropPlan((85, 23, 414, 352), size, False, exact_box=(85.04, 23.44, 413.49, 351.56)),  # a fractional box
+        CropPlan((10, 5, 490, 370), size, False, interpolation="bicubic"),  # DCT scaled
+        CropPlan((-50, -20, 550, 395), size, True),  # padded: zeros around the image, flipped
+        CropPlan((600, 0, 700, 100), size, False),  # misses the image: all zeros
+        CropPlan((0, 0, 500, 375), size, False, interpolation="nearest"),  # PIL's filter
+    ]
+    images = []
+    for i, kind in enumerate(["jpeg", "jpeg_progressive", "jpeg_gray", "jpeg_cmyk", "png_rgba", "png_palette"]):
+        data = photo_bytes(kind, 500, 375, seed=i)
+        for j in range(len(plans)):
+            images.append((data, decode.read_header(data), plans[(i + j) % len(plans)]))
+    return images
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_decode_plans_gives_decode_plans_pixels_for_every_image(fast: bool) -> None:
+    images = batch_of_every_kind()
+    out = np.full((len(images), 40, 48, 3), 7, np.uint8)
+    decode.decode_plans(images, out, fast, lambda slot: f"item-{slot}")
+    for slot, (data, header, plan) in enumerate(images):
+        alone = decode.decode_plan(data, plan, fast=fast, header=header)
+        assert np.array_equal(out[slot], alone), (slot, plan)
+
+
+def test_decode_plans_without_the_extension_is_decode_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    pil_only(monkeypatch)
+    images = batch_of_every_kind()[:12]
+    expected = np.stack([decode.decode_plan(data, plan, fast=True, header=header) for data, header, plan in images])
+    out = np.zeros_like(expected)
+    decode.decode_plans(images, out, True, str)
+    assert np.array_equal(out, expected)
+
+
+def test_decode_plans_decodes_refused_jpegs_with_pil_and_names_bad_keys() -> None:
+    good = photo_bytes("jpeg", 200, 150, seed=3)
+    plan = CropPlan((0, 0, 200, 150), (24, 32), False)
+    header = decode.read_header(good)
+    # Cut after the header: the extension refuses it, PIL decodes what is there or refuses it, naming the key.
+    images = [(good, header, plan), (good[:900], header, plan), (good, header, plan)]
+    out = np.zeros((3, 24, 32, 3), np.uint8)
+    with pytest.raises(DecodeError, match="item-1"):
+        decode.decode_plans(images, out, True, lambda slot: f"item-{slot}")
+    with pytest.raises(ValueError, match="size"):
+        decode.decode_plans([(good, header, CropPlan((0, 0, 200, 150), (8, 8), False))], out[:1], True, str)
+    with pytest.raises(ValueError, match="slots"):
+        decode.decode_plans(images, out[:2], True, str)

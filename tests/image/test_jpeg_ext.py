@@ -336,10 +336,13 @@ def rss_bytes():
         return int(statm.read().split()[1]) * 4096
 
 out = np.empty((5, 7, 3), np.uint8)
+batch = np.empty((2, 5, 7, 3), np.uint8)
 
 def round_trip(i):
     jpeg_ext.decode_region(good, (i % 17, 0, 17, 9), scale_denom=(1, 2)[i % 2])
     jpeg_ext.decode_resized(good, (0, 0, 17, 9), 1, True, (i % 5 + 0.5, 0.0, 17.0, 9.0), i % 2 == 0, out, True, i % 5)
+    job = (good, (0, 0, 17, 9), 1, (0.0, 0.0, 17.0, 9.0), True, 0, (0, 0, 7, 5), False, i % 5)
+    jpeg_ext.decode_resized_batch([job, (truncated, *job[1:5], 1, *job[6:])], batch, True)
     for bad in (truncated, cmyk):
         try:
             jpeg_ext.decode(bad)
@@ -553,3 +556,101 @@ def test_threads_resize_concurrently_and_correctly(jpegs: dict[str, bytes]) -> N
     expected = [run(item) for item in work]
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(run, work * 3)) == expected * 3
+
+
+def test_decode_resized_batch_gives_each_jobs_decode_resized_in_its_slot(jpegs: dict[str, bytes]) -> None:
+    """One call for many images: each slot holds what decode_resized makes of its job, at its rectangle (the
+    rest of the slot untouched), whatever the kinds, scales, filters, flips and rectangles of its neighbours."""
+    out_h, out_w = 40, 48
+    jobs, expected = [], []
+    for name in ["420", "422_odd", "444_progressive", "420_restart", "gray", "one_pixel"]:
+        for case in resize_cases(*KINDS[name][:2], seed=len(jobs))[:4]:
+            box, scale, source, crop, width, height = case
+            width, height = min(width, out_w - 3), min(height, out_h - 2)
+            slot, code, flip = len(jobs), len(jobs) % 5, len(jobs) % 3 == 0
+            rect = (3, 2, 3 + width, 2 + height)
+            jobs.append((jpegs[name], box, scale, source, crop, slot, rect, flip, code))
+            alone = np.full((out_h, out_w, 3), 9, np.uint8)
+            jpeg_ext.decode_resized(
+                jpegs[name], box, scale, True, source, crop, alone[2 : 2 + height, 3 : 3 + width], flip, code
+            )
+            expected.append(alone)
+    out = np.full((len(jobs), out_h, out_w, 3), 9, np.uint8)
+    assert jpeg_ext.decode_resized_batch(jobs, out, True) == []
+    assert all(np.array_equal(out[i], expected[i]) for i in range(len(jobs)))
+    assert jpeg_ext.decode_resized_batch([], out, True) == []
+
+
+def test_decode_resized_batch_reports_the_jobs_it_refuses_and_decodes_the_others(jpegs: dict[str, bytes]) -> None:
+    from fastloader.errors import CorruptJPEGError
+
+    good, whole = jpegs["420"], (0.0, 0.0, 500.0, 375.0)
+    cmyk = encode(photo_crop(40, 30, 0).convert("CMYK"), quality=90)
+
+    def job(data: bytes, slot: int, box: tuple[int, int, int, int] = (0, 0, 500, 375)) -> tuple:
+        source = (0.0, 0.0, float(box[2]), float(box[3]))
+        return (data, box, 1, source, True, slot, (0, 0, 16, 12), False, 1)
+
+    jobs = [job(good, 0), job(good[:3000], 1), job(cmyk, 2, (0, 0, 40, 30)), job(b"not a jpeg", 3), job(good, 4)]
+    out = np.zeros((5, 12, 16, 3), np.uint8)
+    refused = jpeg_ext.decode_resized_batch(jobs, out, True)
+    assert [position for position, _ in refused] == [1, 2, 3]
+    assert [type(error) for _, error in refused] == [CorruptJPEGError, UnsupportedJPEGError, CorruptJPEGError]
+    assert "SOI" in str(refused[2][1])
+    alone = np.empty((12, 16, 3), np.uint8)
+    jpeg_ext.decode_resized(good, (0, 0, 500, 375), 1, True, whole, True, alone, False, 1)
+    assert np.array_equal(out[0], alone) and np.array_equal(out[4], alone)
+
+
+def test_decode_resized_batch_refuses_bad_jobs_and_planning_bugs(jpegs: dict[str, bytes]) -> None:
+    data = jpegs["420"]
+    whole = (0.0, 0.0, 500.0, 375.0)
+    out = np.zeros((2, 8, 8, 3), np.uint8)
+
+    def job(**change: object) -> tuple:
+        fields = {"box": (0, 0, 500, 375), "source": whole, "slot": 0, "rect": (0, 0, 8, 8), "filter": 1}
+        fields.update(change)
+        return (data, fields["box"], 1, fields["source"], True, fields["slot"], fields["rect"], False, fields["filter"])
+
+    for bad, match in [
+        (job(slot=2), "slot 2"),
+        (job(rect=(0, 0, 9, 8)), "rectangle"),
+        (job(rect=(4, 0, 4, 8)), "rectangle"),
+        (job(filter=7), "filter"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            jpeg_ext.decode_resized_batch([job(), bad], out, True)
+    with pytest.raises(TypeError):
+        jpeg_ext.decode_resized_batch([job(), ["not", "a", "tuple"]], out, True)
+    with pytest.raises(ValueError, match="packed pixels"):
+        jpeg_ext.decode_resized_batch([job()], np.zeros((8, 8, 3), np.uint8), True)
+    # Rows that do not reach a job's box: a planning bug ends the batch loudly, whatever its position.
+    with pytest.raises(RuntimeError, match=r"box \(0, 0, 100, 100\) miss"):
+        jpeg_ext.decode_resized_batch(
+            [job(), job(slot=1, box=(0, 0, 100, 100), source=(50.0, 50.0, 200.0, 200.0))], out, True
+        )
+
+
+def test_decode_resized_batch_releases_the_gil_for_the_whole_batch(jpegs: dict[str, bytes]) -> None:
+    """Python in another thread runs in the middle half of a long batch (as for one decode, above)."""
+    data = jpegs["420"]
+    jobs = [
+        (data, (0, 0, 500, 375), 1, (0.0, 0.0, 500.0, 375.0), True, i, (0, 0, 64, 64), False, 3) for i in range(400)
+    ]
+    out = np.zeros((400, 64, 64, 3), np.uint8)
+    window: list[float] = []
+
+    def decode() -> None:
+        window.append(time.perf_counter())
+        jpeg_ext.decode_resized_batch(jobs, out, True)
+        window.append(time.perf_counter())
+
+    worker = threading.Thread(target=decode)
+    ticks: list[float] = []
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+    worker.join()
+    begin, end = window
+    middle = (begin + (end - begin) / 4, end - (end - begin) / 4)
+    assert any(middle[0] < tick < middle[1] for tick in ticks), f"no Python ran in {end - begin:.3f} s of a batch"

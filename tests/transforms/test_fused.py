@@ -204,3 +204,39 @@ def test_every_kind_comes_out_rgb_uint8_chw() -> None:
     png = io.BytesIO()
     Image.new("LA", (50, 50), (100, 255)).save(png, format="PNG")
     assert np.unique(tf(png.getvalue()).numpy()).tolist() == [100]
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        [T.RandomResizedCrop(32), T.RandomHorizontalFlip()],
+        [T.Resize(40), T.CenterCrop(32)],
+        [T.Resize(40), T.CenterCrop(32), T.RandomHorizontalFlip(p=1.0)],  # fixed, but it draws
+    ],
+)
+def test_a_batch_decodes_and_draws_as_one_image_at_a_time(pipeline: list) -> None:
+    """decode_batch: the pixels of decode_planned image by image, and the same random draws in the same order
+    (the RNG left where image-by-image leaves it), also where a plan is made once per image size."""
+    transform = T.Compose(pipeline)
+    blobs = [
+        photo_bytes(kind, w, h, seed)
+        for seed, (kind, w, h) in enumerate(
+            [("jpeg", 90, 70)] * 3
+            + [("jpeg_gray", 64, 64), ("png_rgba", 90, 70), ("jpeg", 70, 90), ("jpeg_cmyk", 90, 70)]
+        )
+    ]
+    torch.manual_seed(5)
+    alone = [transform.decode_planned(blob).pixels for blob in blobs]
+    after_alone = torch.rand(1)
+    torch.manual_seed(5)
+    out = np.zeros((len(blobs), 32, 32, 3), np.uint8)
+    transform.decode_batch(blobs, out, str)
+    assert torch.equal(torch.rand(1), after_alone)
+    assert all(np.array_equal(out[i], pixels) for i, pixels in enumerate(alone))
+
+
+def test_a_batch_names_the_key_of_a_bad_image() -> None:
+    transform = T.Compose([T.Resize(40), T.CenterCrop(32)])
+    blobs = [photo_bytes("jpeg", 90, 70), b"\xff\xd8 not a jpeg"]
+    with pytest.raises(DecodeError, match="shard-0/item-1.jpg"):
+        transform.decode_batch(blobs, np.zeros((2, 32, 32, 3), np.uint8), lambda slot: f"shard-0/item-{slot}.jpg")
