@@ -46,10 +46,11 @@ from fastloader.fields.batch import FieldBatch
 from fastloader.fields.reader import FieldReader, image_size
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
-from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch, decode_threads
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
 from fastloader.image.geometry import CropPlan
 from fastloader.image.gpu_decode import check_filters
+from fastloader.image.jpeg_ext import MAX_THREADS
 from fastloader.image.pil import decode_pil
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
@@ -126,6 +127,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         self._cache: DecodedCache | None = None
         self._cached_transform: FusedTransform | None = None
         self._errors: ErrorPolicy | None = None
+        self._decode_threads: int | None = None  # None: fastloader.image.batching.decode_threads decides
         # The class names a source knows (a folder's, a pack's manifest), as torchvision's datasets name them.
         classes = getattr(source, "classes", None)
         self.classes: list[str] | None = None if classes is None else list(classes)
@@ -219,7 +221,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             end = start + len(blobs)
             keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
             with timed("decode"):
-                fused.decode_batch(blobs, pixels[start:end], keys.__getitem__)
+                fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(self._decode_threads))
             start = end
 
     def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
@@ -234,6 +236,16 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return (self._label(i),)
 
         return self._errors.fetch(index, self.source.key, produce)
+
+    def set_decode_threads(self, threads: int | None) -> None:
+        """Threads a batch's JPEGs are decoded on, in each process that decodes (a worker, or the training
+        process with ``num_workers=0``). None, the default: in a worker, the cores the process may run on less
+        one, shared among the loader's workers, at most 4 (1 where there are no spare cores); 1 in the training
+        process. The pixels are the same whatever the threads."""
+        valid = isinstance(threads, int) and not isinstance(threads, bool) and 1 <= threads <= MAX_THREADS
+        if threads is not None and not valid:
+            raise ValueError(f"threads must be None or 1 to {MAX_THREADS}, got {threads!r}")
+        self._decode_threads = threads
 
     def set_error_policy(
         self,

@@ -24,6 +24,7 @@
 #include <Python.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h> /* jpeglib.h needs FILE and size_t first */
@@ -640,9 +641,53 @@ bad:
     return 0;
 }
 
+/* Threads one batch may decode on (the calling thread and its helpers). */
+#define MAX_THREADS 16
+
+/* A batch being decoded: each thread takes the next image until none is left or one ended the batch. */
+typedef struct {
+    BatchImage *images;
+    Py_ssize_t count, row_stride, next; /* next: the next image to take, shared (atomic) */
+    int fast, stop;                     /* stop: an image ended the batch (atomic) */
+} BatchRun;
+
+/* Decode images of the run until there are none left: on every thread of the batch, without the GIL.
+ * Each image is decoded wholly on the thread that takes it (libjpeg-turbo keeps its SIMD state per thread). */
+static void *run_batch(void *arg) {
+    BatchRun *run = arg;
+    for (;;) {
+        Py_ssize_t i = __atomic_fetch_add(&run->next, 1, __ATOMIC_RELAXED);
+        BatchImage *image;
+        Job job;
+        if (i >= run->count || __atomic_load_n(&run->stop, __ATOMIC_RELAXED)) break;
+        image = &run->images[i];
+        batch_job(&job, image, run->fast);
+        image->status = decode_resize_job(&job, (const unsigned char *)image->view.buf, (size_t)image->view.len,
+                                          image->source, image->crop, image->dst, run->row_stride, image->out_w,
+                                          image->out_h, image->filter, image->flip);
+        image->kind = job.err.kind;
+        if (image->status) memcpy(image->message, job.err.message, sizeof image->message);
+        close_job(&job);
+        if (image->status && !data_fault(image)) __atomic_store_n(&run->stop, 1, __ATOMIC_RELAXED);
+    }
+    fl_thread_buffers_trim();
+    return NULL;
+}
+
+/* Up to `wanted` helper threads running run_batch; returns how many started (0 is fine: the caller's
+ * thread decodes the whole batch alone). */
+static Py_ssize_t start_helpers(BatchRun *run, pthread_t *helpers, int wanted) {
+    Py_ssize_t started = 0;
+    /* No more helpers than images the caller's thread would leave them. */
+    if (wanted > run->count - 1) wanted = run->count > 1 ? (int)run->count - 1 : 0;
+    while (started < wanted && pthread_create(&helpers[started], NULL, run_batch, run) == 0) started++;
+    return started;
+}
+
 PyDoc_STRVAR(decode_resized_batch_doc,
-             "decode_resized_batch(jobs, out, fast) -> [(position, unsupported, message), ...]\n\n"
-             "decode_resized for a whole batch without the GIL in between. out: a writable uint8 (N, H, W, 3) "
+             "decode_resized_batch(jobs, out, fast, threads=1) -> [(position, unsupported, message), ...]\n\n"
+             "decode_resized for a whole batch without the GIL in between, on `threads` threads (the caller's and "
+             "helpers started for the call). out: a writable uint8 (N, H, W, 3) "
              "buffer with packed pixels. Each job: (data, box, scale_denom, source, crop, slot, rect, flip, filter), "
              "as decode_resized's arguments, the image going to out[slot] at rect=(u0, v0, u1, v1) (already "
              "mirrored for flip). Returns the jobs whose data libjpeg refused (unsupported: True for JPEG variants "
@@ -653,11 +698,17 @@ static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
     PyObject *jobs, *out, *result = NULL;
     Py_buffer target;
     BatchImage *images;
-    Py_ssize_t count, parsed = 0, i, bad = -1;
-    int fast;
+    BatchRun run = {0};
+    pthread_t helpers[MAX_THREADS - 1];
+    Py_ssize_t count, parsed = 0, i, bad = -1, started;
+    int fast, threads = 1;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "O!Op:decode_resized_batch", &PyList_Type, &jobs, &out, &fast)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!Op|i:decode_resized_batch", &PyList_Type, &jobs, &out, &fast, &threads)) return NULL;
+    if (threads < 1 || threads > MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "decode_resized_batch: threads must be 1 to %d, got %d", MAX_THREADS, threads);
+        return NULL;
+    }
     if (!get_pixels(out, &target, 4, "out")) return NULL;
     count = PyList_GET_SIZE(jobs);
     images = PyMem_Calloc(count ? (size_t)count : 1, sizeof *images);
@@ -669,24 +720,18 @@ static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
     for (; parsed < count; parsed++)
         if (!parse_batch_image(PyList_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
 
+    run.images = images;
+    run.count = count;
+    run.row_stride = target.strides[1];
+    run.fast = fast;
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < count; i++) {
-        BatchImage *image = &images[i];
-        Job job;
-        batch_job(&job, image, fast);
-        image->status = decode_resize_job(&job, (const unsigned char *)image->view.buf, (size_t)image->view.len,
-                                          image->source, image->crop, image->dst, target.strides[1], image->out_w,
-                                          image->out_h, image->filter, image->flip);
-        image->kind = job.err.kind;
-        if (image->status) memcpy(image->message, job.err.message, sizeof image->message);
-        close_job(&job);
-        if (image->status && !data_fault(image)) { /* a planning bug or no memory ends the batch */
-            bad = i;
-            break;
-        }
-    }
-    fl_thread_buffers_trim();
+    started = start_helpers(&run, helpers, threads - 1);
+    run_batch(&run);
+    for (i = 0; i < started; i++) pthread_join(helpers[i], NULL);
     Py_END_ALLOW_THREADS
+    /* The first image that ended the batch (a planning bug, no memory); the images after it may not have run. */
+    for (i = 0; i < count && bad < 0; i++)
+        if (images[i].status && !data_fault(&images[i])) bad = i;
 
     if (bad >= 0) {
         BatchImage *image = &images[bad];
@@ -852,6 +897,7 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
     if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
         PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0 ||
         PyModule_AddIntConstant(m, "RESIZE_SIMD", fl_resample_simd()) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -22,6 +22,7 @@ and :func:`collate` hands over what that method gives.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -63,6 +64,25 @@ def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
     if buffer.numel():
         pages.populate(buffer.data_ptr(), buffer.numel())  # fresh memory: its pages in one call
     return buffer
+
+
+# Threads a worker's batch decode runs on by default at most: past a few, each worker's share of memory
+# bandwidth and of the cores other workers also want is what grows, not its rate.
+AUTO_DECODE_THREADS = 4
+
+
+def decode_threads(setting: int | None = None) -> int:
+    """Threads for one batch decode in this process (``jpeg_ext.decode_resized_batch``): ``setting`` when given;
+    by default, in a DataLoader worker, the cores this process may run on less one (the training process's),
+    shared among the loader's workers, at most ``AUTO_DECODE_THREADS``; 1 in the training process itself
+    (``num_workers=0``), which is left to the training loop."""
+    if setting is not None:
+        return setting
+    info = get_worker_info()
+    if info is None:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(AUTO_DECODE_THREADS, (cores - 1) // max(1, info.num_workers)))
 
 
 def collate_labels(targets: Sequence[Any]) -> Any:

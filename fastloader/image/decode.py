@@ -162,11 +162,13 @@ def decode_plans(
     out: np.ndarray,
     fast: bool,
     keys: Callable[[int], str],
+    threads: int = 1,
 ) -> None:
     """:func:`decode_plan` of each ``(data, header, plan)`` into ``out[i]`` (uint8 N×H×W×3, packed pixels).
 
     For a fast decode the plain JPEGs (whatever ``jpeg_ext.decode_resized`` takes) go to the extension in one
-    call, without the GIL for the whole batch and with no Python between images; the rest, and any the
+    call, without the GIL for the whole batch and with no Python between images, on ``threads`` threads
+    (``jpeg_ext.decode_resized_batch``); the rest, and any the
     extension refuses, one by one through :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are
     those of :func:`decode_plan` with the same arguments, bit for bit.
     """
@@ -198,7 +200,8 @@ def decode_plans(
         slots.append(slot)
     if jobs:
         assert ext is not None
-        rest += [slots[position] for position, _ in ext.decode_resized_batch(jobs, out, fast)]  # PIL's, or its error
+        refused = ext.decode_resized_batch(jobs, out, fast, threads)
+        rest += [slots[position] for position, _ in refused]  # PIL decodes them, or names what is wrong
     for slot in rest:
         data, header, plan = images[slot]
         decode_plan(data, plan, keys(slot), out[slot], fast=fast, header=header)

@@ -41,12 +41,14 @@ LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not No
 # Whether decode_resized's passes run with AVX2 on this CPU (else plain C: the same pixels, slower).
 RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
+MAX_THREADS = 16  # threads one decode_resized_batch call may run on
 SCALE_DENOMS = (1, 2, 4, 8)
 
 __all__ = [
     "AVAILABLE",
     "LIBJPEG_TURBO_VERSION",
     "MAX_PIXELS",
+    "MAX_THREADS",
     "RESIZE_SIMD",
     "SCALE_DENOMS",
     "decode",
@@ -152,8 +154,11 @@ def decode_resized(
     _call("decode_resized", data, box, scale_denom, fast, source, crop, out, flip, filter_code)
 
 
-def decode_resized_batch(jobs: list[tuple[Any, ...]], out: np.ndarray, fast: bool) -> list[tuple[int, Exception]]:
-    """:func:`decode_resized` for a whole batch, in one call without the GIL in between.
+def decode_resized_batch(
+    jobs: list[tuple[Any, ...]], out: np.ndarray, fast: bool, threads: int = 1
+) -> list[tuple[int, Exception]]:
+    """:func:`decode_resized` for a whole batch, in one call without the GIL in between, on ``threads`` threads
+    (the caller's and up to ``threads - 1`` started for the call; at most ``MAX_THREADS``).
 
     ``out``: uint8 (N, H, W, 3) with packed pixels. Each job: ``(data, box, scale_denom, source, crop, slot,
     rect, flip, filter_code)``, as :func:`decode_resized`'s arguments, the image going to ``out[slot]`` at
@@ -162,7 +167,7 @@ def decode_resized_batch(jobs: list[tuple[Any, ...]], out: np.ndarray, fast: boo
     ``FALLBACK_ERRORS``): the caller decodes those another way; every other job's pixels are in ``out``.
     Bad arguments raise ValueError, rows that miss a job's ``source`` RuntimeError (a planning bug).
     """
-    refused = _call("decode_resized_batch", jobs, out, bool(fast))
+    refused = _call("decode_resized_batch", jobs, out, bool(fast), int(threads))
     return [
         (position, UnsupportedJPEGError(message) if unsupported else CorruptJPEGError(message))
         for position, unsupported, message in refused

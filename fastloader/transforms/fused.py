@@ -119,9 +119,11 @@ class FusedTransform:
             header, plan, decode.decode_plan(data, plan, key, out, fast=not self.exact_decode, header=header)
         )
 
-    def decode_batch(self, blobs: Sequence[bytes], out: np.ndarray, keys: Callable[[int], str]) -> None:
+    def decode_batch(
+        self, blobs: Sequence[bytes], out: np.ndarray, keys: Callable[[int], str], threads: int = 1
+    ) -> None:
         """:meth:`decode_planned` for a batch: image i of ``blobs`` into ``out[i]`` (uint8 N×H×W×3), the JPEGs
-        in one call of the extension (:func:`fastloader.image.decode.decode_plans`).
+        in one call of the extension on ``threads`` threads (:func:`fastloader.image.decode.decode_plans`).
 
         Headers are read and plans drawn image after image, as one call per image would draw them (the same
         random crops); a plan that depends only on the size is made once per size. Errors name ``keys(i)``."""
@@ -135,7 +137,7 @@ class FusedTransform:
             else:
                 plan = by_size.get(size) or by_size.setdefault(size, self.plan(*size))
             images.append((data, header, plan))
-        decode.decode_plans(images, out, not self.exact_decode, keys)
+        decode.decode_plans(images, out, not self.exact_decode, keys, threads)
 
     def decode_into(self, data: bytes, out: np.ndarray | None = None, key: str = "<bytes>") -> np.ndarray:
         """The fused steps on encoded ``data``: H×W×3 uint8 pixels, written into ``out`` when given."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -204,3 +205,46 @@ def test_a_batch_buffer_without_madvise_populate_still_works(monkeypatch: pytest
         buffer.fill_(7)
         assert buffer.shape == (3, 8, 8, 3) and int(buffer.sum()) == 7 * buffer.numel()
     assert calls == [pages.POPULATE_WRITE]
+
+
+def test_decode_threads_share_the_spare_cores_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastloader.image import batching
+
+    assert batching.decode_threads() == 1  # the training process: left to the training loop
+    assert batching.decode_threads(3) == 3
+    for cores, workers, threads in [(2, 2, 1), (2, 1, 1), (16, 4, 3), (16, 1, 4), (64, 8, 4), (8, 16, 1)]:
+        monkeypatch.setattr(batching, "get_worker_info", lambda workers=workers: SimpleNamespace(num_workers=workers))
+        monkeypatch.setattr(batching.os, "sched_getaffinity", lambda pid, cores=cores: set(range(cores)), raising=False)
+        assert batching.decode_threads() == threads, (cores, workers)
+
+
+class ThreadsSeen(Dataset[Any]):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        from fastloader.image.batching import decode_threads
+
+        return decode_threads()
+
+
+def test_a_worker_decodes_on_its_share_of_the_cores() -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    seen = list(DataLoader(ThreadsSeen(), batch_size=None, num_workers=1))
+    assert seen == [max(1, min(4, cores - 1))] * 2
+
+
+def test_threads_change_no_pixel(folder: Path) -> None:
+    dataset = ImageFolder(folder, transform=TRAIN)
+    torch.manual_seed(11)
+    alone = dataset.__getitems__(list(range(24)))
+    dataset.set_decode_threads(3)
+    torch.manual_seed(11)
+    threaded = dataset.__getitems__(list(range(24)))
+    assert torch.equal(threaded.images, alone.images)
+    for bad in (0, 17, 2.0, True):
+        with pytest.raises(ValueError, match="threads"):
+            dataset.set_decode_threads(bad)  # type: ignore[arg-type]
+    dataset.set_decode_threads(None)

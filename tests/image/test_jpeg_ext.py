@@ -654,3 +654,41 @@ def test_decode_resized_batch_releases_the_gil_for_the_whole_batch(jpegs: dict[s
     begin, end = window
     middle = (begin + (end - begin) / 4, end - (end - begin) / 4)
     assert any(middle[0] < tick < middle[1] for tick in ticks), f"no Python ran in {end - begin:.3f} s of a batch"
+
+
+def test_decode_resized_batch_on_threads_gives_the_same_pixels_and_refusals(jpegs: dict[str, bytes]) -> None:
+    names = ["420", "422_odd", "444_progressive", "gray", "420_restart"]
+    whole = {name: (0.0, 0.0, float(KINDS[name][0]), float(KINDS[name][1])) for name in names}
+    jobs = []
+    for i in range(40):
+        name = names[i % len(names)]
+        data = jpegs[name][:700] if i % 13 == 5 else jpegs[name]  # a few truncated: refused, whatever thread
+        box = (0, 0, KINDS[name][0], KINDS[name][1])
+        jobs.append(
+            (
+                data,
+                box,
+                1 + i % 2,
+                tuple(v / (1 + i % 2) for v in whole[name]),
+                False,
+                i,
+                (0, 0, 30, 20),
+                i % 2 == 0,
+                i % 5,
+            )
+        )
+    runs = {}
+    for threads in (1, 2, 3, jpeg_ext.MAX_THREADS):
+        out = np.zeros((40, 20, 30, 3), np.uint8)
+        refused = jpeg_ext.decode_resized_batch(jobs, out, True, threads)
+        runs[threads] = (out, [(position, type(error)) for position, error in refused])
+    assert runs[1][1] and [position for position, _ in runs[1][1]] == [5, 18, 31]
+    for threads, (out, refused) in runs.items():
+        assert np.array_equal(out, runs[1][0]) and refused == runs[1][1], threads
+    with pytest.raises(ValueError, match="threads"):
+        jpeg_ext.decode_resized_batch(jobs, runs[1][0], True, jpeg_ext.MAX_THREADS + 1)
+    with pytest.raises(ValueError, match="threads"):
+        jpeg_ext.decode_resized_batch(jobs, runs[1][0], True, 0)
+    bug = (jpegs["420"], (0, 0, 100, 100), 1, (50.0, 50.0, 200.0, 200.0), False, 3, (0, 0, 30, 20), False, 1)
+    with pytest.raises(RuntimeError, match="miss"):  # a planning bug ends the batch on any thread
+        jpeg_ext.decode_resized_batch(jobs[:3] + [bug] + jobs[4:], runs[1][0], True, 4)
