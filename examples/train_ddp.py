@@ -14,6 +14,7 @@ nothing lost or repeated.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def main() -> None:
     inputs = torch.randn(256, 8, generator=generator)
     dataset = TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
     # Workers from a fork server, not forked from this process while its process group's threads run
-    # (a hazard on CPython before 3.11.10: see the distributed guide). The dataset must pickle.
+    # (a hazard on CPython before 3.11.10: see the distributed guide). The dataset must pickle. The server
+    # imports this script and torch once, so that each worker forks with them instead of importing them.
+    multiprocessing.set_forkserver_preload(["__main__", "torch", "fastloader"])
     loader = DataLoaderX(
         dataset,
         batch_size=16,

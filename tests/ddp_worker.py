@@ -26,7 +26,7 @@ from fastloader.datasets import LMDBDataset
 from fastloader.samplers import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.helpers import DDP_WORKER_CONTEXT  # noqa: E402
+from tests.helpers import DDP_WORKER_CONTEXT, preload_worker_modules  # noqa: E402
 
 K = 3
 
@@ -39,6 +39,7 @@ def collate_labels(items: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
 
 
 def main() -> None:
+    preload_worker_modules()
     outdir = Path(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()

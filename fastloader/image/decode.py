@@ -168,9 +168,9 @@ def decode_plans(
 
     For a fast decode the plain JPEGs (whatever ``jpeg_ext.decode_resized`` takes) go to the extension in one
     call, without the GIL for the whole batch and with no Python between images, on ``threads`` threads
-    (``jpeg_ext.decode_resized_batch``); the rest, and any the
-    extension refuses, one by one through :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are
-    those of :func:`decode_plan` with the same arguments, bit for bit.
+    (``jpeg_ext.decode_resized_batch``); the rest, and any the extension refuses, one by one through
+    :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are those of :func:`decode_plan` with the
+    same arguments, bit for bit.
     """
     if len(images) != len(out):
         raise ValueError(f"{len(images)} images for {len(out)} output slots")

@@ -33,6 +33,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fastloader.integrations.accelerate import prepare  # noqa: E402
+from tests.helpers import preload_worker_modules  # noqa: E402
 from tests.integrations.common import Images, make_loader  # noqa: E402
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -105,6 +106,7 @@ def refused() -> str:
 
 
 def main() -> None:
+    preload_worker_modules()
     outdir = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     warnings.filterwarnings("ignore")

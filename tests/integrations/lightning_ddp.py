@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers import preload_worker_modules  # noqa: E402
 from tests.integrations.common import make_loader  # noqa: E402
 from tests.integrations.lightning_common import Recorder, trainer  # noqa: E402
 
@@ -29,6 +30,7 @@ CONFIGS = [
 
 
 def main() -> None:
+    preload_worker_modules()
     outdir = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     warnings.filterwarnings("ignore")
