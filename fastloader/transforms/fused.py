@@ -123,7 +123,7 @@ class FusedTransform:
         self, blobs: Sequence[bytes], out: np.ndarray, keys: Callable[[int], str], threads: int = 1
     ) -> None:
         """:meth:`decode_planned` for a batch: image i of ``blobs`` into ``out[i]`` (uint8 N×H×W×3), the JPEGs
-        in one call of the extension on ``threads`` threads (:func:`fastloader.image.decode.decode_plans`).
+        in one call of the extension on ``threads`` threads (``fastloader.image.decode.decode_plans``).
 
         Headers are read and plans drawn image after image, as one call per image would draw them (the same
         random crops); a plan that depends only on the size is made once per size. Errors name ``keys(i)``."""
