@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -303,14 +304,19 @@ def test_the_gil_is_released_while_decoding() -> None:
     while, but it does not keep one off the CPU for the whole middle of a decode this long.
     """
     big = encode(photo_crop(3000, 3000, 2), quality=90, progressive=True)
+    assert_python_runs_during(lambda: jpeg_ext.decode(big))
+
+
+def assert_python_runs_during(call: Callable[[], object]) -> None:
+    """``call`` on a thread of its own while this one runs Python: some of it in the middle half of the call."""
     window: list[float] = []
 
-    def decode() -> None:
+    def timed_call() -> None:
         window.append(time.perf_counter())
-        jpeg_ext.decode(big)
+        call()
         window.append(time.perf_counter())
 
-    worker = threading.Thread(target=decode)
+    worker = threading.Thread(target=timed_call)
     ticks: list[float] = []
     worker.start()
     while worker.is_alive():
@@ -318,7 +324,7 @@ def test_the_gil_is_released_while_decoding() -> None:
     worker.join()
     begin, end = window
     middle = (begin + (end - begin) / 4, end - (end - begin) / 4)
-    assert any(middle[0] < tick < middle[1] for tick in ticks), f"no Python ran in {end - begin:.3f} s of decode"
+    assert any(middle[0] < tick < middle[1] for tick in ticks), f"no Python ran in {end - begin:.3f} s of the call"
 
 
 # Run in a fresh interpreter: in the suite's own process, threads and heaps that earlier tests left behind can
@@ -638,22 +644,7 @@ def test_decode_resized_batch_releases_the_gil_for_the_whole_batch(jpegs: dict[s
         (data, (0, 0, 500, 375), 1, (0.0, 0.0, 500.0, 375.0), True, i, (0, 0, 64, 64), False, 3) for i in range(400)
     ]
     out = np.zeros((400, 64, 64, 3), np.uint8)
-    window: list[float] = []
-
-    def decode() -> None:
-        window.append(time.perf_counter())
-        jpeg_ext.decode_resized_batch(jobs, out, True)
-        window.append(time.perf_counter())
-
-    worker = threading.Thread(target=decode)
-    ticks: list[float] = []
-    worker.start()
-    while worker.is_alive():
-        ticks.append(time.perf_counter())
-    worker.join()
-    begin, end = window
-    middle = (begin + (end - begin) / 4, end - (end - begin) / 4)
-    assert any(middle[0] < tick < middle[1] for tick in ticks), f"no Python ran in {end - begin:.3f} s of a batch"
+    assert_python_runs_during(lambda: jpeg_ext.decode_resized_batch(jobs, out, True))
 
 
 def test_decode_resized_batch_on_threads_gives_the_same_pixels_and_refusals(jpegs: dict[str, bytes]) -> None:
