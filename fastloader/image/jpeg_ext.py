@@ -41,7 +41,8 @@ LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not No
 # Whether decode_resized's passes run with AVX2 on this CPU (else plain C: the same pixels, slower).
 RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
-MAX_THREADS = 16  # threads one decode_resized_batch call may run on
+# Threads one decode_resized_batch call may run on: the extension's own limit (16 where it is not built).
+MAX_THREADS: int = int(_ext.MAX_THREADS) if _ext is not None else 16
 SCALE_DENOMS = (1, 2, 4, 8)
 
 __all__ = [
