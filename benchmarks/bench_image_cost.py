@@ -10,7 +10,7 @@ Each part runs alone over every image of an LMDB (best of ``--repeats`` passes, 
 - ``decode fresh buffer``: the same into a new ``allocate_batch`` buffer every 256 images, as
   ``__getitems__`` does (the difference is the cost of new memory: page faults, freeing);
 - ``batch``: ``__getitems__`` + ``collate`` of batches of 256: the whole per-batch work of a worker,
-  without the hand-off to the main process.
+  without the hand-off to the main process (``--error-policy``: under that policy, no sample bad).
 
 Once for the LMDB, the decoder alone (libjpeg-turbo through ``jpeg_ext``, the fast IDCT): the whole
 image at full scale, and the whole image at 1/8 scale, which still Huffman-decodes every coefficient but
@@ -20,13 +20,15 @@ on libjpeg-turbo (FFCV's included) goes below, and which grows with the bytes pe
 Pipelines: ``train`` (RandomResizedCrop(224) + flip), ``eval`` (Resize(256) + CenterCrop(224)) and
 ``eval-ffcv`` (FFCV's eval recipe: a centre square of 224/256 of the shorter side, resized to 224).
 
-    python benchmarks/bench_image_cost.py --lmdb data/bench-5000-256.lmdb
+    python benchmarks/bench_image_cost.py --lmdb data/bench-5000-256.lmdb [--error-policy skip]
+    PYTHONPATH=/path/to/older/checkout python benchmarks/bench_image_cost.py ...   # the same for another version
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,9 +82,11 @@ def per_image(function: Callable[[], Any], count: int, repeats: int) -> float:
     return best / count * 1e6
 
 
-def measure(lmdb: str, name: str, repeats: int) -> dict[str, float]:
+def measure(lmdb: str, name: str, repeats: int, error_policy: str | None = None) -> dict[str, float]:
     transform = PIPELINES[name]()
     dataset = LMDBDataset(lmdb, transform=transform)
+    if error_policy is not None:
+        dataset.set_error_policy(error_policy, quarantine=Path(tempfile.mkdtemp()) / "quarantine.tsv")
     source, count = dataset.source, len(dataset)
     blobs = [source.read(i) for i in range(count)]
     headers = [D.read_header(blob) for blob in blobs]
@@ -130,14 +134,16 @@ def main() -> None:
     parser.add_argument("--lmdb", default=str(ROOT / "data" / "bench-5000-256.lmdb"))
     parser.add_argument("--pipelines", nargs="+", choices=sorted(PIPELINES), default=["eval", "eval-ffcv", "train"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--error-policy", choices=["raise", "skip", "replace"], help="the batch row under this policy")
     parser.add_argument("--out", default=str(RESULTS / "image_cost.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     result: dict[str, Any] = {"benchmark": "image_cost", "lmdb": args.lmdb, "unit": "us per image"}
+    result["error_policy"] = args.error_policy
     result["decoder"] = measure_decoder(args.lmdb, args.repeats)
     print("decoder", "  ".join(f"{part} {value:.1f}" for part, value in result["decoder"].items()))
     for name in args.pipelines:
-        result[name] = measure(args.lmdb, name, args.repeats)
+        result[name] = measure(args.lmdb, name, args.repeats, args.error_policy)
         print(name, "  ".join(f"{part} {value:.1f}" for part, value in result[name].items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

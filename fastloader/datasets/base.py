@@ -99,9 +99,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
     ``__getitems__``, samples with fields and GPU decode all get their image from ``_decoded()`` (the
-    cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no error
-    policy and no cache takes the same steps for the whole batch at once (``_decode_batch()``: the reads,
-    then the headers and plans, then the decodes in one call of the JPEG extension). Without one, the image comes
+    cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no cache takes
+    the same steps for the whole batch at once (``_decode_batch()``: the reads, then the headers and plans,
+    then the decodes in one call of the JPEG extension), and under an error policy goes image by image when a
+    sample of the batch fails (``_whole_batch()``). Without one, the image comes
     from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one) and the transform.
     """
 
@@ -179,13 +180,12 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return [item for item in items if item is not None]  # "skip" drops bad samples
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
-        if policy is None and self._cache is None:  # the hot path: the whole batch at once
-            positions = [check_index(index, len(self.source)) for index in indices]
-            self._decode_batch(fused, positions, pixels)
-            return PrecollatedBatch(buffer, [self._label(index) for index in positions])
+        positions = [check_index(index, len(self.source)) for index in indices]
+        labels = self._whole_batch(fused, positions, pixels) if self._cache is None else None
+        if labels is not None:  # the hot path: the whole batch at once
+            return PrecollatedBatch(buffer, labels)
         targets, kept = [], []
-        for slot, index in enumerate(indices):
-            index = check_index(index, len(self.source))
+        for slot, index in enumerate(positions):
             target = self._decode_slot(fused, index, pixels[slot])
             if target is not None:
                 targets.append(target[0])
@@ -205,6 +205,26 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if self._layout is not None and not self._layout.wants_image:
             return None
         return size
+
+    def _whole_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
+        """Items ``indices`` decoded at once into ``pixels`` (:meth:`_decode_batch`): their labels, or None where
+        the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
+        rare) and given up at its first failure, torch's random state put back: image by image, the policy then
+        handles each sample as it would have, with the same random draws. A batch holding a sample the policy
+        excludes goes image by image from the start."""
+        policy = self._errors
+        if policy is None:
+            self._decode_batch(fused, indices, pixels)
+            return [self._label(index) for index in indices]
+        if policy.excludes_any(indices):
+            return None
+        state = torch.get_rng_state()
+        try:
+            self._decode_batch(fused, indices, pixels)
+            return [self._label(index) for index in indices]
+        except Exception:  # noqa: BLE001 - a bad sample's, whatever it raised: the policy decides, image by image
+            torch.set_rng_state(state)
+            return None
 
     def _decode_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> None:
         """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one

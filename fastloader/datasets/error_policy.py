@@ -23,7 +23,7 @@ import logging
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -72,6 +72,10 @@ class ErrorPolicy:
     def is_excluded(self, index: int) -> bool:
         position = int(np.searchsorted(self.excluded, index))
         return position < self.excluded.size and int(self.excluded[position]) == index
+
+    def excludes_any(self, indices: Sequence[int]) -> bool:
+        """Whether any of ``indices`` is excluded."""
+        return bool(self.excluded.size) and bool(np.isin(np.asarray(indices, np.int64), self.excluded).any())
 
     def record(self, index: int, key: str, error: BaseException | str) -> None:
         """Report a bad sample once (log + quarantine line), then enforce the budget."""

@@ -65,6 +65,53 @@ def test_skip_drops_bad_samples_from_their_batch(folder: Path) -> None:
     assert images.shape[0] == 33 and images.dtype == torch.uint8
 
 
+TRAIN = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip", "replace"])
+def test_a_batch_of_good_samples_is_the_same_under_any_policy(folder: Path, mode: str) -> None:
+    """Decoded at once, as without a policy: the same pixels, the same random draws after it."""
+    plain = ImageFolder(folder, transform=TRAIN, index_path=folder.parent / "index")
+    policed = ImageFolder(folder, transform=TRAIN, index_path=folder.parent / "index")
+    policed.set_error_policy(mode, quarantine=folder.parent / "q.tsv")
+    good = [i for i in range(len(plain)) if plain.source.key(i) not in BAD]
+    torch.manual_seed(1)
+    expected, after = plain.__getitems__(good), torch.rand(1)
+    torch.manual_seed(1)
+    got = policed.__getitems__(good)
+    assert torch.equal(got.images, expected.images) and torch.equal(got.labels, expected.labels)
+    assert torch.equal(torch.rand(1), after) and policed.error_stats()["bad_samples"] == 0
+
+
+def test_a_batch_with_bad_samples_is_what_image_by_image_gives(folder: Path) -> None:
+    """A batch that holds bad samples goes image by image from where it started: the substitutes and the random
+    crops of each item as one at a time gives them (replace), the good ones alone (skip)."""
+    ds = ImageFolder(folder, transform=TRAIN, index_path=folder.parent / "index")
+    ds.set_error_policy("replace", quarantine=folder.parent / "q.tsv")
+    everything = list(range(len(ds)))
+    torch.manual_seed(2)
+    batch = ds.__getitems__(everything)
+    torch.manual_seed(2)
+    items = [ds[i] for i in everything]
+    assert torch.equal(batch.images, torch.stack([image for image, _ in items]))
+    assert batch.labels.tolist() == [label for _, label in items] and ds.error_stats()["bad_samples"] == 3
+    fixed = dataset(folder, fused=True)
+    fixed.set_error_policy("skip", quarantine=folder.parent / "q.tsv")
+    good = [i for i in everything if fixed.source.key(i) not in BAD]
+    skipped = fixed.__getitems__(everything)
+    assert torch.equal(skipped.images, torch.stack([fixed[i][0] for i in good]))
+    assert skipped.labels.tolist() == [fixed[i][1] for i in good]
+
+
+def test_an_excluded_good_sample_in_a_batch_is_never_read(folder: Path) -> None:
+    ds = dataset(folder, fused=True)
+    ds.set_error_policy("replace", exclude=[4], quarantine=folder.parent / "q.tsv")
+    read = ds.source.read
+    ds.source.read = lambda index: pytest.fail("read an excluded sample") if index == 4 else read(index)  # type: ignore[method-assign]
+    batch = ds.__getitems__([3, 4, 5])
+    assert torch.equal(batch.images, torch.stack([ds[3][0], ds[5][0], ds[5][0]]))  # 5 stands in for 4
+
+
 def test_the_budget_turns_a_flood_into_one_clear_error(folder: Path) -> None:
     ds = dataset(folder, fused=True)
     ds.set_error_policy("replace", max_errors=2, quarantine=folder.parent / "q.tsv")

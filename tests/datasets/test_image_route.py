@@ -65,13 +65,20 @@ def test_a_batch_decoded_into_its_buffer(route: Counter[str]) -> None:
     assert route == {"decode_batch": 1, "decode_batch images": 3, "read": 1, "decode": 1}
 
 
-def test_a_batch_under_an_error_policy_goes_image_by_image(route: Counter[str]) -> None:
-    """A policy decides per sample (skip, replace): each one through decode_planned, as for one item."""
+def test_a_batch_under_an_error_policy_goes_at_once_until_a_sample_fails(route: Counter[str]) -> None:
+    """A policy decides per sample (skip, replace): a batch of good samples in one call, as without one; a batch
+    holding a bad one is tried at once, then goes image by image through decode_planned, as for one item."""
     policed = dataset()
     policed.set_error_policy("skip")
     batch = policed.__getitems__([0, 1, 2])
     assert isinstance(batch, PrecollatedBatch) and tuple(batch.images.shape) == (3, 3, 32, 32)
-    assert route == {"decode_planned": 3, "read": 3, "decode": 3}
+    assert route == {"decode_batch": 1, "decode_batch images": 3, "read": 1, "decode": 1}
+    route.clear()
+    real_read = policed.source.read
+    policed.source.read = lambda index: b"not an image" if index == 1 else real_read(index)  # type: ignore[method-assign]
+    batch = policed.__getitems__([0, 1, 2])
+    assert tuple(batch.images.shape) == (2, 3, 32, 32) and policed.error_stats()["bad_samples"] == 1
+    assert route == {"decode_batch": 1, "decode_batch images": 3, "decode_planned": 3, "read": 4, "decode": 4}
 
 
 def test_samples_with_fields_and_annotations(route: Counter[str]) -> None:
