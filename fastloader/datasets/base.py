@@ -213,16 +213,15 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         handles each sample as it would have, with the same random draws. A batch holding a sample the policy
         excludes goes image by image from the start."""
         policy = self._errors
-        if policy is None:
-            self._decode_batch(fused, indices, pixels)
-            return [self._label(index) for index in indices]
-        if policy.excludes_any(indices):
+        if policy is not None and policy.excludes_any(indices):
             return None
-        state = torch.get_rng_state()
+        state = None if policy is None else torch.get_rng_state()
         try:
             self._decode_batch(fused, indices, pixels)
             return [self._label(index) for index in indices]
-        except Exception:  # noqa: BLE001 - a bad sample's, whatever it raised: the policy decides, image by image
+        except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
+            if state is None:
+                raise
             torch.set_rng_state(state)
             return None
 
