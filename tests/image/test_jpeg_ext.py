@@ -488,6 +488,33 @@ def test_decode_resized_mirrors_exactly_and_writes_only_its_target(jpegs: dict[s
         assert (batch == 77).all(), (out_w, out_h)  # not a byte outside the target, in its row or the next
 
 
+def test_plans_kept_between_resizes_give_the_pixels_of_a_fresh_plan(jpegs: dict[str, bytes]) -> None:
+    """A thread keeps the axes it planned last (a batch of one size plans each once). Cycling through more
+    sizes and boxes than it keeps, with axes shared between cases in both directions, every resize must give
+    what a thread that has planned nothing before gives."""
+    data = jpegs["420"]
+    cases = [
+        ((0, 0, 500, 375), 1, (x0, y0, x0 + side, y0 + side * 0.75), False, out, out)
+        for x0, y0 in [(0.0, 0.0), (10.5, 4.25), (100.0, 50.0)]
+        for side in (120.0, 300.0, 399.0)
+        for out in (224, 97)
+    ]
+    cases += [((0, 0, 500, 375), 1, (10.5, 10.5, 130.5, 130.5), False, 224, 224)]  # x's axis is y's
+
+    def fresh(case: tuple, code: int, flip: bool) -> bytes:
+        result: list[bytes] = []
+        thread = threading.Thread(target=lambda: result.append(our_resized(data, case, code, flip).tobytes()))
+        thread.start()
+        thread.join()
+        return result[0]
+
+    expected = {(i, code): fresh(case, code, i % 2 == 1) for i, case in enumerate(cases) for code in (1, 3)}
+    for _ in range(3):
+        for i, case in enumerate(cases):
+            for code in (1, 3):
+                assert our_resized(data, case, code, i % 2 == 1).tobytes() == expected[(i, code)], (case, code)
+
+
 SIMD_CHECK = """
 import sys
 import numpy as np
