@@ -166,7 +166,7 @@ static int plan_axis(Axis *axis, int in_size, float in0, float in1, int out_size
  * It also keeps the axes it planned last: the images of a batch often share their size and box (an
  * eval transform's centre crop), and planning an axis costs about a tenth of a small image's resize. */
 #define KEEP_BYTES ((size_t)16 << 20)
-#define KEEP_AXIS_WEIGHTS ((size_t)1 << 16) /* an axis planned with more taps x outputs is not kept */
+#define KEEP_AXIS_WEIGHTS ((size_t)1 << 14) /* an axis of more taps x outputs is not kept (100 KB) */
 #define CACHED_AXES 8                          /* a batch of landscape and portrait images: 4 axes */
 static pthread_key_t buffer_key;
 static pthread_once_t buffer_once = PTHREAD_ONCE_INIT;
