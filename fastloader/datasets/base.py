@@ -181,7 +181,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
         positions = [check_index(index, len(self.source)) for index in indices]
-        labels = self._whole_batch(fused, positions, pixels) if self._cache is None else None
+        if self._cache is None:
+            labels = self._whole_batch(fused, positions, pixels)
+        else:
+            labels = self._cached_batch(fused, positions, pixels)
         if labels is not None:  # the hot path: the whole batch at once
             return PrecollatedBatch(buffer, labels)
         targets, kept = [], []
@@ -224,6 +227,34 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 raise
             torch.set_rng_state(state)
             return None
+
+    def _cached_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
+        """Items ``indices`` into ``pixels`` through the decoded cache: the cached ones copied from it, the rest
+        decoded at once (:meth:`_whole_batch`) and stored; their labels, or None where the batch must go image by
+        image (a sample the policy excludes is never read, from the cache either; a bad sample under a policy)."""
+        cache = self._checked_cache(fused)
+        policy = self._errors
+        if policy is not None and policy.excludes_any(indices):
+            return None
+        with timed("read"):  # decoded pixels from the cache
+            cached = cache.read_batch(indices, pixels)
+        missing = np.flatnonzero(~cached)
+        if len(missing):
+            wanted = [indices[int(slot)] for slot in missing]
+            decoded = np.empty((len(missing), *pixels.shape[1:]), dtype=np.uint8)
+            if self._whole_batch(fused, wanted, decoded) is None:
+                return None
+            pixels[missing] = decoded
+            cache.write_batch(wanted, decoded)
+        return [self._label(index) for index in indices]
+
+    def _checked_cache(self, fused: FusedTransform) -> DecodedCache:
+        """The decoded cache, refused when the transform is not the one it was made for."""
+        cache = self._cache
+        assert cache is not None
+        if fused is not self._cached_transform:
+            raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
+        return cache
 
     def _decode_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> None:
         """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one
@@ -374,10 +405,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         on the GPU, the image stays encoded, with its plan; ``pixels=False``: the plan only. Returns
         (H×W×3 uint8 pixels, an ``EncodedImage`` or None; the crop plan, None for pixels from the cache).
         """
-        cache = self._cache
+        cache = None if self._cache is None else self._checked_cache(fused)
         if cache is not None:
-            if fused is not self._cached_transform:
-                raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
             size = cast(tuple[int, int], fused.decoded_size)  # fixed: set_cache checked it
             out = np.empty((*size, 3), dtype=np.uint8) if out is None else out
             with timed("read"):  # decoded pixels from the cache

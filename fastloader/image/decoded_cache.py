@@ -21,6 +21,11 @@ check the flag first. Two workers decoding the same item write the same bytes.
 The header names the dataset length, the transform (``FusedTransform.describe()``), the output
 size and a fingerprint of the source (:func:`source_fingerprint`); a cache whose header differs is
 rebuilt empty. Delete the file to force a rebuild after editing images in place.
+
+Pixels are written with ``pwrite``, not through the mapping: storing into fresh pages of a shared
+mapping faults each page in (and converts the file's preallocated extents page by page), 100-150 µs
+per 224² image measured, against about 35 µs for the same bytes through ``pwrite``. The page cache
+is one, so every process's mapping sees them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,30 +141,55 @@ class DecodedCache:
         return cls(path, meta)
 
     def _maps(self) -> tuple[np.ndarray, np.ndarray]:
-        # Mapped once per process, after fork or spawn (a pickled cache carries only path and meta).
+        # Mapped once per process, after fork or spawn (a pickled cache carries only path and meta). Plain
+        # ndarray views of the maps: np.memmap's own indexing runs Python for every item.
         if self._flags is None or self._pixels is None or self._pid != os.getpid():
             if _read_meta(self.path) != self.meta:
                 raise FormatError(f"{self.path}: the decoded cache was rebuilt or removed by another run")
             meta = self.meta
-            self._flags = np.memmap(self.path, np.uint8, "r+", offset=_HEADER_BYTES, shape=(meta.length,))
+            flags = np.memmap(self.path, np.uint8, "r+", offset=_HEADER_BYTES, shape=(meta.length,))
             shape = (meta.length, meta.height, meta.width, 3)
-            self._pixels = np.memmap(self.path, np.uint8, "r+", offset=meta.pixels_offset, shape=shape)
+            pixels = np.memmap(self.path, np.uint8, "r", offset=meta.pixels_offset, shape=shape)
+            self._flags, self._pixels = flags.view(np.ndarray), pixels.view(np.ndarray)
             self._pid = os.getpid()
         return self._flags, self._pixels
 
     def read_into(self, index: int, out: np.ndarray) -> bool:
         """Copy item ``index`` into ``out`` (H×W×3) and return True if it is cached; else False."""
+        return bool(self.read_batch([index], out[np.newaxis])[0])
+
+    def read_batch(self, indices: Sequence[int], out: np.ndarray) -> np.ndarray:
+        """Copy each cached item of ``indices`` into its ``out[i]`` (N×H×W×3); which were cached (bool, N)."""
         flags, pixels = self._maps()
-        if not flags[index]:
-            return False
-        out[...] = pixels[index]
-        return True
+        rows = np.asarray(indices, dtype=np.int64)
+        cached = flags[rows] != 0  # each flag read before its pixels: a writer sets it after them
+        for slot in np.flatnonzero(cached):
+            out[slot] = pixels[rows[slot]]
+        return cached
 
     def write(self, index: int, image: np.ndarray) -> None:
         """Store item ``index``: the pixels first, then the flag that publishes them."""
-        flags, pixels = self._maps()
-        pixels[index] = image
-        flags[index] = 1
+        self.write_batch([index], image[np.newaxis])
+
+    def write_batch(self, indices: Sequence[int], images: np.ndarray) -> None:
+        """Store items ``indices`` (``images[i]``, N×H×W×3): every image's pixels, then the flags that publish
+        them (module docstring: through ``pwrite``)."""
+        flags, _ = self._maps()
+        meta = self.meta
+        if images.dtype != np.uint8 or images.shape != (len(indices), meta.height, meta.width, 3):
+            wanted = f"{len(indices)} images of {meta.height}x{meta.width}x3 uint8"
+            raise ValueError(f"{wanted} expected, got {images.dtype} {images.shape}")
+        image_bytes = meta.height * meta.width * 3
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            for index, image in zip(indices, images):
+                data = np.ascontiguousarray(image).data.cast("B")
+                offset, done = meta.pixels_offset + int(index) * image_bytes, 0
+                while done < len(data):  # a regular file writes it all at once; a short write is not lost
+                    done += os.pwrite(descriptor, data[done:], offset + done)
+        finally:
+            os.close(descriptor)
+        flags[np.asarray(indices, dtype=np.int64)] = 1
 
     def filled(self) -> int:
         """How many items are cached."""

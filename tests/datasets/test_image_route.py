@@ -104,3 +104,14 @@ def test_the_decoded_cache_is_read_through_the_same_route(route: Counter[str], t
     assert route["decode_planned"] == 1
     again = cached[0][0]
     assert route["decode_planned"] == 1 and (again == first).all()  # the second read: from the cache
+
+
+def test_a_batch_through_the_decoded_cache(route: Counter[str], tmp_path: Path) -> None:
+    """Not cached yet: the batch decoded in one call (one read of the cache, one of the source, one decode);
+    cached: one read of the cache, nothing decoded."""
+    cached = ImageDataset(SceneSource(), transform=T.Compose([T.Resize(40), T.CenterCrop(32)]), cache=tmp_path / "c")
+    first = cached.__getitems__([0, 1, 2])
+    assert route == {"decode_batch": 1, "decode_batch images": 3, "read": 2, "decode": 1}
+    route.clear()
+    again = cached.__getitems__([0, 1, 2])
+    assert route == {"read": 1} and (again.images == first.images).all()

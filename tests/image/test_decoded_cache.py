@@ -117,3 +117,57 @@ def test_the_constructor_takes_a_cache_path(folder: Path, tmp_path: Path) -> Non
     assert torch.equal(again, images)
     dataset.set_cache(None)
     assert dataset._cache is None
+
+
+def test_a_batch_copies_what_is_cached_and_decodes_the_rest_at_once(folder: Path, tmp_path: Path) -> None:
+    """The batch route through the cache: its cached items copied, the others decoded in one call and stored;
+    the pixels are the uncached dataset's, and a batch of cached items reads nothing from the source."""
+    plain = ImageFolder(folder, transform=EVAL)
+    expected = plain.__getitems__(list(range(len(plain))))
+    cached = ImageFolder(folder, transform=EVAL)
+    cached.set_cache(tmp_path / "batch.cache")
+    assert cached._cache is not None
+    first = cached.__getitems__([2, 5, 6])
+    assert torch.equal(first.images, expected.images[[2, 5, 6]]) and cached._cache.filled() == 3
+    reads: list[int] = []
+    real_read = cached.source.read
+    cached.source.read = lambda index: reads.append(index) or real_read(index)  # type: ignore[method-assign]
+    mixed = cached.__getitems__([5, 0, 6, 1, 2])  # two new among cached ones
+    assert torch.equal(mixed.images, expected.images[[5, 0, 6, 1, 2]]) and mixed.labels.tolist() == [
+        plain.source.label(i) for i in (5, 0, 6, 1, 2)
+    ]
+    assert sorted(reads) == [0, 1] and cached._cache.filled() == 5
+    reads.clear()
+    again = cached.__getitems__([1, 0, 2, 6, 5])
+    assert reads == [] and torch.equal(again.images, expected.images[[1, 0, 2, 6, 5]])
+
+
+def test_a_cached_batch_keeps_the_error_policy(folder: Path, tmp_path: Path) -> None:
+    """An excluded sample is never read, from the cache either (its substitute stands in); a bad sample among
+    those not cached yet sends the batch image by image, and nothing bad is stored."""
+    cached = ImageFolder(folder, transform=EVAL)
+    cached.set_cache(tmp_path / "policy.cache")
+    full = cached.__getitems__([3, 4, 5])  # 4 cached, as every item here
+    cached.set_error_policy("replace", exclude=[4], quarantine=tmp_path / "q.tsv")
+    batch = cached.__getitems__([3, 4, 5])
+    assert torch.equal(batch.images, torch.stack([full.images[0], full.images[2], full.images[2]]))
+    real_read = cached.source.read
+    cached.source.read = lambda index: b"not an image" if index == 8 else real_read(index)  # type: ignore[method-assign]
+    cached.set_error_policy("skip", quarantine=tmp_path / "q.tsv")
+    skipped = cached.__getitems__([3, 7, 8, 9])
+    assert skipped.images.shape[0] == 3 and cached.error_stats()["bad_samples"] == 1
+    assert torch.equal(skipped.images[0], full.images[0])
+    assert cached._cache is not None and cached._cache.read_batch(
+        [7, 8, 9], torch.empty(3, 32, 32, 3, dtype=torch.uint8).numpy()
+    ).tolist() == [True, False, True]
+
+
+def test_the_cache_refuses_images_of_another_shape(folder: Path, tmp_path: Path) -> None:
+    cached = ImageFolder(folder, transform=EVAL)
+    cached.set_cache(tmp_path / "shape.cache")
+    assert cached._cache is not None
+    with pytest.raises(ValueError, match="32x32x3 uint8"):
+        cached._cache.write_batch([0], torch.zeros(1, 32, 30, 3, dtype=torch.uint8).numpy())
+    with pytest.raises(ValueError, match="2 images"):
+        cached._cache.write_batch([0, 1], torch.zeros(1, 32, 32, 3, dtype=torch.uint8).numpy())
+    assert cached._cache.filled() == 0
