@@ -14,6 +14,7 @@ from torchvision.transforms import v2
 from fastloader import transforms as T
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.folder import ImageFolder
+from fastloader.errors import FormatError
 from fastloader.image.batching import collate
 from fastloader.image.decoded_cache import DecodedCache, _read_meta
 from tests.transforms import KINDS, encode, photo
@@ -171,3 +172,20 @@ def test_the_cache_refuses_images_of_another_shape(folder: Path, tmp_path: Path)
     with pytest.raises(ValueError, match="2 images"):
         cached._cache.write_batch([0, 1], torch.zeros(1, 32, 32, 3, dtype=torch.uint8).numpy())
     assert cached._cache.filled() == 0
+
+
+def test_a_cache_rebuilt_by_another_run_is_never_written(folder: Path, tmp_path: Path) -> None:
+    """Another run rebuilt the file at the path for another transform: writes go to the file this one mapped
+    or nowhere, and say so; the other run's cache is left as it is."""
+    path = tmp_path / "shared.cache"
+    ours = ImageFolder(folder, transform=EVAL)
+    ours.set_cache(path)
+    ours.__getitems__([0])  # the file mapped here
+    other = ImageFolder(folder, transform=T.Compose([T.Resize(40), T.CenterCrop(30)]))
+    other.set_cache(path)
+    with pytest.raises(FormatError, match="rebuilt or removed by another run"):
+        ours.__getitems__([1])
+    assert other._cache is not None and other._cache.filled() == 0
+    path.unlink()
+    with pytest.raises(FormatError, match="rebuilt or removed by another run"):
+        ours.__getitems__([2])
