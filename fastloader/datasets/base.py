@@ -181,7 +181,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
         positions = [check_index(index, len(self.source)) for index in indices]
-        if self._cache is None:
+        if policy is not None and policy.excludes_any(positions):
+            labels = None  # image by image from the start: an excluded sample is never read, from the cache either
+        elif self._cache is None:
             labels = self._whole_batch(fused, positions, pixels)
         else:
             labels = self._cached_batch(fused, positions, pixels)
@@ -213,12 +215,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         """Items ``indices`` decoded at once into ``pixels`` (:meth:`_decode_batch`): their labels, or None where
         the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
         rare) and given up at its first failure, torch's random state put back: image by image, the policy then
-        handles each sample as it would have, with the same random draws. A batch holding a sample the policy
-        excludes goes image by image from the start."""
-        policy = self._errors
-        if policy is not None and policy.excludes_any(indices):
-            return None
-        state = None if policy is None else torch.get_rng_state()
+        handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
+        excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
+        state = None if self._errors is None else torch.get_rng_state()
         try:
             self._decode_batch(fused, indices, pixels)
             return [self._label(index) for index in indices]
@@ -231,11 +230,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def _cached_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
         """Items ``indices`` into ``pixels`` through the decoded cache: the cached ones copied from it, the rest
         decoded at once (:meth:`_whole_batch`) and stored; their labels, or None where the batch must go image by
-        image (a sample the policy excludes is never read, from the cache either; a bad sample under a policy)."""
+        image (a bad sample under a policy)."""
         cache = self._checked_cache(fused)
-        policy = self._errors
-        if policy is not None and policy.excludes_any(indices):
-            return None
         with timed("read"):  # decoded pixels from the cache
             cached = cache.read_batch(indices, pixels)
         missing = np.flatnonzero(~cached)

@@ -253,17 +253,10 @@ static const Axis *planned_axis(Axis *scratch, int in_size, float in0, float in1
     }
     if (plan_axis(scratch, in_size, in0, in1, out_size, filter)) return NULL;
     if ((size_t)scratch->taps * (size_t)out_size > KEEP_AXIS_WEIGHTS) return scratch;
-    entry = oldest;
-    entry->used = ++buffers->axes_returned;
-    free_axis(&entry->axis);
-    entry->in_size = in_size;
-    entry->out_size = out_size;
-    entry->filter = filter;
-    entry->in0 = in0;
-    entry->in1 = in1;
-    entry->axis = *scratch;
-    memset(scratch, 0, sizeof *scratch);
-    return &entry->axis;
+    free_axis(&oldest->axis);
+    *oldest = (CachedAxis){in_size, out_size, filter, in0, in1, ++buffers->axes_returned, *scratch};
+    memset(scratch, 0, sizeof *scratch); /* the entry owns its arrays now */
+    return &oldest->axis;
 }
 
 /* ---- the passes ---- */
