@@ -47,7 +47,7 @@ from fastloader.fields.reader import FieldReader, image_size
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
 from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch, decode_threads
-from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
+from fastloader.image.decoded_cache import UNTRUSTED, CacheMeta, DecodedCache, item_identities, source_fingerprint
 from fastloader.image.geometry import CropPlan
 from fastloader.image.gpu_decode import check_filters
 from fastloader.image.jpeg_ext import MAX_THREADS
@@ -232,8 +232,9 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         decoded at once (:meth:`_whole_batch`) and stored; their labels, or None where the batch must go image by
         image (a bad sample under a policy)."""
         cache = self._checked_cache(fused)
-        with timed("read"):  # decoded pixels from the cache
-            cached = cache.read_batch(indices, pixels)
+        with timed("read"):  # decoded pixels from the cache, if the items are still the ones cached
+            identities = item_identities(self.source, indices)  # before the reads of a decode (decoded_cache)
+            cached = cache.read_batch(indices, pixels, identities)
         missing = np.flatnonzero(~cached)
         if len(missing):
             wanted = [indices[int(slot)] for slot in missing]
@@ -241,7 +242,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             if self._whole_batch(fused, wanted, decoded) is None:
                 return None
             pixels[missing] = decoded
-            cache.write_batch(wanted, decoded)
+            cache.write_batch(wanted, decoded, identities[missing])
         return [self._label(index) for index in indices]
 
     def _checked_cache(self, fused: FusedTransform) -> DecodedCache:
@@ -402,11 +403,13 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         (H×W×3 uint8 pixels, an ``EncodedImage`` or None; the crop plan, None for pixels from the cache).
         """
         cache = None if self._cache is None else self._checked_cache(fused)
+        identity = UNTRUSTED
         if cache is not None:
             size = cast(tuple[int, int], fused.decoded_size)  # fixed: set_cache checked it
             out = np.empty((*size, 3), dtype=np.uint8) if out is None else out
-            with timed("read"):  # decoded pixels from the cache
-                if cache.read_into(index, out):
+            with timed("read"):  # decoded pixels from the cache, if the item is still the one cached
+                identity = int(item_identities(self.source, [index])[0])  # before the read below
+                if cache.read_into(index, out, identity):
                     return out, None
         gpu = self._decode_device != "cpu"
         with timed("read"):
@@ -417,7 +420,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if gpu:
             return EncodedImage(data, plan, key, header, index), plan
         if cache is not None and decoded is not None:
-            cache.write(index, decoded)
+            cache.write(index, decoded, identity)
         return decoded, plan
 
     def _finish(self, fused: FusedTransform, image: Any) -> Any:
