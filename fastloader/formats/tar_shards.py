@@ -27,7 +27,11 @@ one row per sample with an image, in shard order:
 * the other members, CSR: ``member_starts`` (int64, samples + 1 entries): sample ``i``'s members are
   rows ``member_starts[i] .. member_starts[i + 1] - 1`` of ``member_ext`` (int32, a code into
   ``meta["member_exts"]``), ``member_offset`` and ``member_size`` (int64), in tar order;
-* for shards written by ``fastloader pack``, ``source_key_blob`` / ``source_key_offsets``.
+* for shards written by ``fastloader pack``, ``source_key_blob`` / ``source_key_offsets``, and (since
+  tar packs of version 3) ``member_digest`` and the meta's ``content_sha256``: see
+  :mod:`fastloader.formats.tar_content`, which also says what a reader given the manifest's
+  ``expected`` size and hash checks when (an index that does not describe them is never rebuilt
+  over: it keeps the digests ``verify`` names the changed members by).
 
 Version 1 indexes had no member arrays. One written by ``fastloader pack`` (it has source keys)
 indexes a shard that holds nothing but images and labels, so it is upgraded in place (no rescan:
@@ -46,6 +50,7 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
+from fastloader.formats.tar_content import Expected, check_expected, fd_sha256, file_sha256
 from fastloader.formats.tar_index_check import check_shard_index
 from fastloader.storage import open_regular, sidecar_path
 
@@ -311,13 +316,16 @@ def build_shard_index(
     index_path: str | os.PathLike[str],
     image_exts: Sequence[str] = IMAGE_EXTS,
     extra_arrays: Mapping[str, np.ndarray] | None = None,
+    content_hash: bool = False,
 ) -> IndexFile:
-    """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside)."""
+    """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside; with
+    ``content_hash``, the SHA-256 of every byte of the shard in the meta's ``content_sha256``)."""
     fd = open_regular(shard)  # a FIFO named *.tar: an error naming it, never a hang
     try:
         stat = os.fstat(fd)
         rows = _ShardRows(fd, shard, image_exts)
         rows.scan()
+        sha256 = fd_sha256(fd) if content_hash else None
     finally:
         os.close(fd)
     key_blob, key_offsets = pack_strings(rows.keys)
@@ -344,6 +352,7 @@ def build_shard_index(
         "no_image": rows.no_image,
         "ignored": rows.ignored_count,
         "ignored_examples": rows.ignored,
+        **({"content_sha256": sha256} if sha256 is not None else {}),
     }
     write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, arrays)
     if rows.ignored_count:
@@ -388,13 +397,19 @@ def _fits(shard: str, image_exts: Sequence[str]) -> Callable[[Mapping[str, Any]]
     return fits
 
 
-def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexFile | None:
+def _try_read(
+    shard: str, index_path: Path, image_exts: Sequence[str], expected: Expected | None = None
+) -> IndexFile | None:
     try:
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
     except (FileNotFoundError, FormatError):
         return None
     if not _fits(shard, image_exts)(index.meta):
         return None
+    if expected is not None:
+        if "content_sha256" not in index.meta:
+            return None  # indexed without its hash (as plain shards): hashed when rebuilt
+        check_expected(shard, index.meta, expected)
     try:
         check_shard_index(index)
     except FormatError as error:
@@ -403,14 +418,44 @@ def _try_read(shard: str, index_path: Path, image_exts: Sequence[str]) -> IndexF
     return index
 
 
+def _restamped(shard: str, path: Path, image_exts: Sequence[str], expected: Expected) -> IndexFile:
+    """The index of a pack's shard whose size or mtime changed: FormatError (the index kept as it is) unless
+    its bytes are still those the manifest records; then the pack's index, its mtime updated, when it
+    indexes those bytes (a copy without its mtime: its source keys and member digests still hold), else
+    a new index with the shard's hash."""
+    stat = os.stat(shard)
+    check_expected(shard, {"shard_size": stat.st_size, "content_sha256": file_sha256(shard)}, expected)
+    try:
+        old = read_index(path, INDEX_KIND, INDEX_VERSION)
+    except (FileNotFoundError, FormatError):
+        old = None
+    if (
+        old is None
+        or old.meta.get("content_sha256") != expected.sha256
+        or old.meta.get("image_exts") != list(image_exts)
+    ):
+        return build_shard_index(shard, path, image_exts, content_hash=True)
+    arrays = {name: np.asarray(array) for name, array in old.arrays.items()}
+    write_index(path, INDEX_KIND, INDEX_VERSION, {**old.meta, "shard_mtime_ns": stat.st_mtime_ns}, arrays)
+    return read_index(path, INDEX_KIND, INDEX_VERSION)
+
+
 def load_shard_index(
-    shard: str, index_path: str | os.PathLike[str] | None = None, image_exts: Sequence[str] = IMAGE_EXTS
+    shard: str,
+    index_path: str | os.PathLike[str] | None = None,
+    image_exts: Sequence[str] = IMAGE_EXTS,
+    expected: Expected | None = None,
 ) -> IndexFile:
-    """The index of ``shard``: read when current, else upgraded or built (once: other processes wait on the lock)."""
+    """The index of ``shard``: read when current, else upgraded or built (once: other processes wait on the lock).
+
+    ``expected``: the size and hash a pack's manifest records for the shard; a shard that is not
+    that one is a FormatError naming it (see :mod:`fastloader.formats.tar_content`)."""
     path = Path(index_path) if index_path is not None else default_index_path(shard)
 
     def build() -> IndexFile:
+        if expected is not None:
+            return _restamped(shard, path, image_exts, expected)
         upgraded = upgrade_index(path, _fits(shard, image_exts))
         return upgraded if upgraded is not None else build_shard_index(shard, path, image_exts)
 
-    return cached_index(path, lambda: _try_read(shard, path, image_exts), build)
+    return cached_index(path, lambda: _try_read(shard, path, image_exts, expected), build)
