@@ -251,3 +251,42 @@ def test_parquet_label_edits_swapped_and_foreign_files_fail_verify(packs: dict[s
     shutil.copy(part(packs["parquet-images"], 1), part(copy, 2))
     problems = verify(copy).problems
     assert f"{part(copy, 1)}: holds the bytes the manifest records for part-000002.parquet" in problems[1], problems
+
+
+def test_class_names_edited_in_an_lmdb_or_a_parquet_manifest_fail_verify(
+    packs: dict[str, Path], tmp_path: Path
+) -> None:
+    import lmdb
+
+    from fastloader.formats import lmdb_records as records
+
+    pack(packs["tar-images"], tmp_path / "lmdb", workers=0, progress=False)
+    shutil.copytree(tmp_path / "lmdb", tmp_path / "edited.lmdb")
+    with lmdb.open(str(tmp_path / "edited.lmdb")) as env, env.begin(write=True) as txn:
+        meta = json.loads(txn.get(records.META_KEY))
+        txn.put(records.META_KEY, json.dumps({**meta, "classes": meta["classes"][::-1]}).encode())
+    assert verify(tmp_path / "lmdb").ok
+    assert verify(tmp_path / "edited.lmdb").problems == (
+        f"{tmp_path / 'edited.lmdb'}: the pack's class names (['class_2', 'class_1', 'class_0']) are not those of the "
+        "source packed (edited?)",
+    )
+    copy = tmp_path / "parquet"
+    shutil.copytree(packs["parquet-images"], copy)
+    manifest = copy / "_fastloader-parquet.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_bytes()), "classes": ["x", "y", "z"]}))
+    assert verify(copy).problems == (
+        f"{copy}: the pack's class names (['x', 'y', 'z']) are not those of the source packed (edited?)",
+    )
+
+
+def test_the_verify_command_exits_1_naming_the_member(
+    packs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastloader.cli import main
+
+    copy = tmp_path / "tar-images"
+    shutil.copytree(packs["tar-images"], copy)
+    assert main(["verify", str(copy), "--no-progress"]) == 0
+    wanted = edit_label(copy)
+    assert main(["verify", str(copy), "--no-progress"]) == 1
+    assert wanted[0] in capsys.readouterr().out
