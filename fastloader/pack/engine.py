@@ -10,10 +10,10 @@ on this machine, one writer, a sink that owns durability), a pack to ``s3://`` (
 the local engine into a staging directory, then an upload, the manifest last) and ``engine="ray"``
 (``fastloader.pack.ray_engine``: the local engine's per-item code on a Ray cluster).
 
-Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
-fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues where
-it stopped: 0 samples lost, 0 duplicated. A destination holding a pack with another fingerprint is a
-clear error, never a silent mix.
+Resume: the options and digests of the source (kind, count, every item's name, size, mtime and
+label) form the pack's fingerprint. Run again with the same arguments after a kill (even SIGKILL), a
+pack continues where it stopped: 0 samples lost, 0 duplicated. A destination holding a pack with
+another fingerprint is a clear error, never a silent mix.
 
 Bad inputs never abort a pack: an item that cannot be read, is empty or does not decode is
 skipped with its reason, counted in the summary (grouped by reason) and listed in
