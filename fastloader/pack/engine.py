@@ -36,6 +36,7 @@ from typing import Any
 from fastloader.datasets.base import Source
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE
 from fastloader.pack.local import pack_local
+from fastloader.pack.overlap import check_apart
 from fastloader.pack.ray_engine import pack_on_ray  # imports Ray only when it runs
 from fastloader.pack.remote import pack_to_remote
 from fastloader.pack.summary import PackSummary
@@ -71,8 +72,11 @@ def pack(
     ``engine="ray"`` packs on a Ray cluster (``ray_address``: ``auto``, ``HOST:PORT``, or None for
     ``RAY_ADDRESS`` or a new local Ray) into tar shards (default) or Parquet files: see
     ``fastloader.pack.ray_engine``.
+
+    A ``dst`` that is ``src``, is inside it or holds it is a ValueError naming both.
     """
     dst = os.fspath(dst)
+    check_apart(src, dst)
     # What every engine takes; each adds its own (LMDB's commit_every and map_size, Ray's address).
     common: dict[str, Any] = {
         "resize_max_side": resize_max_side,
