@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from fastloader.datasets.base import Source
 from fastloader.fields.source import field_kinds, read_fields
 from fastloader.image.pil import open_image, to_rgb
+from fastloader.pack.orphans import die_with_parent
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -115,8 +116,9 @@ def prepare_item(
 _worker: tuple[Source, ReencodeOptions, dict[str, str]] | None = None
 
 
-def _init_worker(source: Source, options: ReencodeOptions) -> None:
+def _init_worker(source: Source, options: ReencodeOptions, creator: int, start_method: str) -> None:
     global _worker
+    die_with_parent(creator, start_method)  # a pack killed by SIGKILL takes its readers with it
     _worker = (source, options, field_kinds(source))
     # Ctrl-C reaches the whole process group: the main process handles it and closes the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -134,13 +136,15 @@ def reader_pool(source: Source, options: ReencodeOptions, workers: int) -> Itera
     """Reader processes, all started before the caller opens its output (so that none is forked after).
 
     An executor rather than ``multiprocessing.Pool``: when a reader dies (killed, out of memory, a
-    crash in a decoder) Pool waits forever for its lost task; the executor reports it.
+    crash in a decoder) Pool waits forever for its lost task; the executor reports it. Each reader dies
+    with this process (``fastloader.pack.orphans``): a pack killed by SIGKILL leaves none behind.
     """
     if workers == 0:
         yield None
         return
     context = multiprocessing.get_context()
-    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(source, options))
+    initargs = (source, options, os.getpid(), context.get_start_method())
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=initargs)
     try:
         executor.submit(os.getpid).result()  # the first task starts every reader
         yield executor
