@@ -63,8 +63,7 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     if workers:
         loader.check_worker_number_rationality()
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
-        stopped = ring.workers_stopped if ring is not None else None
-        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), on_shutdown=stopped)
+        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring)
     return _single_process(loader, view, progress)
 
 
