@@ -181,8 +181,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
         positions = [check_index(index, len(self.source)) for index in indices]
-        if policy is not None and policy.excludes_any(positions):
-            labels = None  # image by image from the start: an excluded sample is never read, from the cache either
+        if policy is not None and policy.excludes_any(positions, self.source.key):
+            labels = None  # image by image from the start: an excluded or found-bad sample is never read again
         elif self._cache is None:
             labels = self._whole_batch(fused, positions, pixels)
         else:

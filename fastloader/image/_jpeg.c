@@ -4,8 +4,13 @@
  * A training crop covers about half of a photo, so decoding only the crop region saves most of the
  * decode: jpeg_crop_scanline() limits IDCT, upsampling and colour conversion to the iMCU columns of
  * the crop, jpeg_skip_scanlines() skips that work for rows above it (they are still entropy-decoded:
- * Huffman data cannot be skipped), and stopping after the last row needed leaves the rows below
- * undecoded. DCT scaling (scale_denom 2/4/8) composes with all three.
+ * Huffman data cannot be skipped), and the rows below it are skipped the same way: entropy-decoded only, so
+ * that a file cut short is refused whatever the crop. DCT scaling (scale_denom 2/4/8) composes with all three.
+ *
+ * Bad data: libjpeg's warnings that mean lost pixels (premature end, a marker inside the data, bad codes)
+ * are errors here (on_message()), as is arithmetic-coded data that ends rows early (check_arith_end()),
+ * a file of more than MAX_SCANS scans (counted before decoding) and one of more than MAX_PIXELS pixels.
+ * Callers treat every such refusal as a bad file: none goes on to a more lenient decoder.
  *
  * Exactness: every pixel returned equals the same pixel of a full decode at the same scale (what PIL
  * produces with the same libjpeg). The one place cropping changes pixels is fancy (triangle) chroma
@@ -45,16 +50,19 @@
 #if JPEG_LIB_VERSION >= 70
 #define COMP_H_SCALED(c) ((c)->DCT_h_scaled_size)
 #define MIN_H_SCALED(ci) ((ci)->min_DCT_h_scaled_size)
+#define MIN_V_SCALED(ci) ((ci)->min_DCT_v_scaled_size)
 #else
 #define COMP_H_SCALED(c) ((c)->DCT_scaled_size)
 #define MIN_H_SCALED(ci) ((ci)->min_DCT_scaled_size)
+#define MIN_V_SCALED(ci) ((ci)->min_DCT_scaled_size)
 #endif
 
 /* Decompression bombs: a few hundred bytes can declare 65500x65500 pixels. Checked on the header, before
  * libjpeg allocates anything image-sized (a progressive image's coefficient buffer is 2-6 bytes/pixel). */
 #define MAX_PIXELS ((uint64_t)1 << 28)
 /* A progressive file can hold thousands of tiny scans, each a full pass over the coefficient buffer (the
- * "Two Issues with the JPEG Standard" DoS). TurboJPEG's scan limit uses the same default. */
+ * "Two Issues with the JPEG Standard" DoS). TurboJPEG's scan limit uses the same default. The scans are
+ * counted from the file's markers before any is decoded (count_scans()), so a refusal costs no decode. */
 #define MAX_SCANS 500
 
 enum { FAIL_CORRUPT = 1, FAIL_UNSUPPORTED, FAIL_ARGUMENT };
@@ -75,6 +83,7 @@ typedef struct {
     Py_ssize_t x0, y0, x1, y1;
     int full_box, scale, fast;
     int bpp; /* bytes per output pixel: 3 (RGB) or 4 (RGBX, which PIL maps without a copy) */
+    int watch_end; /* a single arithmetic-coded scan: where its data ends is checked (check_arith_end()) */
     /* Plan, in scaled pixels: rows [row0, row1) of the scaled image; returned columns [ox, ox + out_w);
      * the decoder delivers rows of dec_w pixels of which `drop` leading ones are not returned. */
     JDIMENSION row0, row1, ox, out_w, dec_w, drop;
@@ -138,6 +147,28 @@ static void on_progress(j_common_ptr cinfo) {
         snprintf(message, sizeof message, "JPEG decode failed: more than %d scans (progressive DoS)", MAX_SCANS);
         fail(job, FAIL_CORRUPT, message);
     }
+}
+
+/* The scans of a multi-scan file, counted from its markers (a pass over the bytes, no decoding), from `p`: the
+ * entropy-coded data of the first scan, where jpeg_read_header() stops. Stops counting past `limit`. In
+ * entropy-coded data 0xFF is followed by a stuffed 0x00 or a restart marker; any other marker ends it, and
+ * marker segments are skipped by their length (a table's bytes are never read as markers). */
+static int count_scans(const unsigned char *p, const unsigned char *end, int limit) {
+    int scans = 1;
+    while (p < end && scans <= limit) {
+        unsigned int marker;
+        p = memchr(p, 0xFF, (size_t)(end - p));
+        if (p == NULL) break;
+        while (p + 1 < end && p[1] == 0xFF) p++; /* fill bytes */
+        if (p + 1 >= end) break;
+        marker = p[1];
+        p += 2;
+        if (marker == 0x00 || (marker >= 0xD0 && marker <= 0xD7) || marker == 0x01 || marker == 0xD8) continue;
+        if (marker == 0xD9 || p + 2 > end) break; /* EOI */
+        if (marker == 0xDA) scans++;
+        p += ((size_t)p[0] << 8) | p[1]; /* the segment, its length bytes included; SOS: its header */
+    }
+    return scans;
 }
 
 /* Must run inside a phase (the error manager's jmp_buf is armed there). */
@@ -263,6 +294,13 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
                  cinfo->image_width, cinfo->image_height, (unsigned long long)MAX_PIXELS);
         fail(job, FAIL_CORRUPT, message);
     }
+    if (jpeg_has_multiple_scans(cinfo)) {
+        const unsigned char *next = cinfo->src->next_input_byte;
+        if (count_scans(next, next + cinfo->src->bytes_in_buffer, MAX_SCANS) > MAX_SCANS) {
+            snprintf(message, sizeof message, "JPEG decode failed: more than %d scans (progressive DoS)", MAX_SCANS);
+            fail(job, FAIL_CORRUPT, message);
+        }
+    }
     switch (cinfo->jpeg_color_space) {
     case JCS_GRAYSCALE: /* libjpeg-turbo expands gray to RGB itself */
     case JCS_YCbCr:
@@ -292,6 +330,7 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
         cinfo->dct_method = JDCT_IFAST;
         cinfo->do_fancy_upsampling = FALSE;
     }
+    job->watch_end = cinfo->arith_code && !jpeg_has_multiple_scans(cinfo);
     jpeg_start_decompress(cinfo);
     if (cinfo->output_components != job->bpp) fail(job, FAIL_UNSUPPORTED, "JPEG decoder did not produce RGB");
 
@@ -318,7 +357,66 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
 #define BATCH_ROWS 16
 #define LEAD 4 /* bytes before the first row in the output buffer (one pixel): see read_rows() */
 
-/* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), stop.
+/* Arithmetic decoding reads zeros once its data meets a marker: legal at the end of a scan (the encoder drops
+ * its final zero bytes), so a file cut short and closed with an EOI decodes to invented rows, and libjpeg warns
+ * of nothing. A marker other than a restart met while whole iMCU rows are still to decode is taken for that cut.
+ * A sequential scan only (job->watch_end): a progressive scan may be nearly empty by right. The price: a
+ * sequential arithmetic-coded file whose last iMCU rows take no bytes at all (a flat band) is refused too. */
+static void check_arith_end(Job *job) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    int marker = cinfo->unread_marker;
+    char message[160];
+    if (!job->watch_end || marker == 0 || (marker >= 0xD0 && marker <= 0xD7)) return;
+    if (cinfo->input_iMCU_row < cinfo->total_iMCU_rows) {
+        snprintf(message, sizeof message,
+                 "JPEG decode failed: arithmetic-coded data ends at iMCU row %u of %u"
+                 " (truncated, or its last rows one flat colour)",
+                 cinfo->input_iMCU_row, cinfo->total_iMCU_rows);
+        fail(job, FAIL_CORRUPT, message);
+    }
+}
+
+/* jpeg_skip_scanlines(), one iMCU row at a time where the end of the data is watched. */
+static void skip_rows(Job *job, JDIMENSION count) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    JDIMENSION step = job->watch_end ? (JDIMENSION)MIN_V_SCALED(cinfo) * cinfo->max_v_samp_factor : count;
+    while (count > 0) {
+        JDIMENSION k = count < step ? count : step;
+        if (jpeg_skip_scanlines(cinfo, k) != k) fail(job, FAIL_CORRUPT, "JPEG decode failed: could not skip rows");
+        check_arith_end(job);
+        count -= k;
+    }
+}
+
+/* One row into `row`, discarded. */
+static void discard_row(Job *job, JSAMPROW row, int *stalls) {
+    if (jpeg_read_scanlines(&job->cinfo, &row, 1) == 0 && ++*stalls > 16)
+        fail(job, FAIL_CORRUPT, "JPEG decode failed: decoder made no progress");
+    check_arith_end(job);
+}
+
+/* The rows below the box are entropy-decoded too (skipped: no IDCT, upsampling or colour conversion), so that a
+ * file cut anywhere is refused whatever the crop: the same file is bad for every crop, in every epoch. The skip
+ * starts at an iMCU row's first row (rows are read to it: the merged upsampler holds the second row of a pair,
+ * and libjpeg-turbo 2.1 skips from there into an extra iMCU row, past the data). Skipping to the last row would
+ * decode nothing (libjpeg then just ends the pass), so the last two iMCU rows are read too, into `scratch` (a
+ * row of dec_w pixels). A multi-scan file was wholly entropy-decoded by jpeg_start_decompress(). */
+static void finish_rows(Job *job, unsigned char *scratch) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    JDIMENSION imcu = (JDIMENSION)MIN_V_SCALED(cinfo) * cinfo->max_v_samp_factor, left, tail;
+    int stalls = 0;
+
+    if (cinfo->output_scanline >= cinfo->output_height || jpeg_has_multiple_scans(cinfo)) return;
+    while (cinfo->output_scanline % imcu && cinfo->output_scanline < cinfo->output_height)
+        discard_row(job, scratch, &stalls);
+    left = cinfo->output_height - cinfo->output_scanline;
+    tail = left < 2 * imcu ? left : 2 * imcu;
+    skip_rows(job, left - tail);
+    while (cinfo->output_scanline < cinfo->output_height) discard_row(job, scratch, &stalls);
+}
+
+/* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), then entropy-decode the
+ * rest (finish_rows()).
  *
  * Copies are what this avoids: decoding into a scratch buffer and copying rows out costs ~15% of a
  * decode (measured), more than anything cropping saves on a typical crop. So rows are decoded in place:
@@ -337,8 +435,7 @@ static void read_rows(Job *job, unsigned char *out) {
     int stalls = 0;
 
     batch = (job->dec_w == job->out_w && !shift) ? BATCH_ROWS : 1;
-    if (job->row0 > 0 && jpeg_skip_scanlines(cinfo, job->row0) != job->row0)
-        fail(job, FAIL_CORRUPT, "JPEG decode failed: could not skip to the first row");
+    skip_rows(job, job->row0);
     while (r < rows) {
         JDIMENSION want = rows - r < batch ? rows - r : batch;
         for (k = 0; k < want; k++) pointers[k] = out + (size_t)(r + k) * stride - shift;
@@ -350,9 +447,11 @@ static void read_rows(Job *job, unsigned char *out) {
             if (++stalls > 16) fail(job, FAIL_CORRUPT, "JPEG decode failed: decoder made no progress");
             continue;
         }
+        check_arith_end(job);
         r += got;
     }
-    /* Rows below the box are never decoded; destroying the decompressor (close_job) aborts it. */
+    /* The slack after the last row (full_row_bytes, at least a decoded row) serves as the scratch row. */
+    finish_rows(job, out + (size_t)rows * stride);
 }
 
 /* The two phases run without the GIL; between them the caller allocates the output with it. Each arms

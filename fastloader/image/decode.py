@@ -5,9 +5,11 @@ needed, never more. The backends, fastest first; each falls through to the next 
 cannot do:
 
 1. ``fastloader.image.jpeg_ext`` (libjpeg-turbo, optional): decodes only the region the crop needs
-   (rows below it not even entropy-decoded, rows above not colour-converted, columns from an iMCU
-   boundary), plus a margin of a few pixels for the resampling filter, DCT-scaled as below.
-   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) and data it finds corrupt go to PIL. For fast decodes
+   (rows above and below it entropy-decoded only, columns from an iMCU boundary), plus a margin of a
+   few pixels for the resampling filter, DCT-scaled as below.
+   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) go to PIL; data it refuses (corrupt, truncated anywhere in
+   the file whatever the crop, over its scan or pixel limit) is a :class:`~fastloader.errors.DecodeError`,
+   never handed to PIL, which would paper over a truncation with grey rows. For fast decodes
    (``fast=True``, the transforms' default) it also resizes, with PIL's filters and weights (16-bit, as
    Pillow-SIMD keeps them: within a level or two of PIL's pixels), straight into ``out``, flipped on the
    way: one call without the GIL (``jpeg_ext.decode_resized``). Exact decodes resize with PIL.
@@ -47,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from fastloader.errors import CorruptJPEGError, DecodeError, UnsupportedJPEGError
 from fastloader.image.geometry import CropPlan, FloatBox, visible_region, whole_box
 from fastloader.image.pil import check_pixels, decode_errors, open_image, pixel_limit, to_rgb
 
@@ -105,8 +108,10 @@ def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
         try:
             width, height, components = ext.jpeg_info(data)
             header = ImageHeader(int(width), int(height), components in (1, 3))
-        except ext.FALLBACK_ERRORS:  # data the extension leaves to PIL (CMYK, 12-bit...) or finds corrupt
-            pass  # PIL reads it, or names what is wrong with it
+        except UnsupportedJPEGError:  # a JPEG variant the extension leaves to PIL (12-bit, lossless, ...)
+            pass
+        except CorruptJPEGError as error:
+            raise _refused(key, error) from None
     if header is None:
         with decode_errors(key):
             image = open_image(data)
@@ -114,6 +119,27 @@ def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
             header = ImageHeader(int(image.size[0]), int(image.size[1]), plain)
     check_pixels(header.width, header.height, key)
     return header
+
+
+def check_whole(data: bytes, key: str = "<bytes>") -> bool:
+    """Check, as training's decoder would, that a whole file decodes; DecodeError naming ``key`` if not.
+
+    A plain JPEG is decoded wholly by the extension at 1/8 scale (every row entropy-decoded, its refusals
+    those of any crop: truncation, corrupt data, the scan and pixel limits) and True returned; False for
+    what the extension does not take (PNG, CMYK, ...), which the caller checks with PIL."""
+    ext = _jpeg_ext()
+    if ext is None or not is_jpeg(data):
+        return False
+    header = read_header(data, key)  # the pixel limit, and a corrupt header refused
+    if not header.plain_jpeg:
+        return False
+    try:
+        ext.decode(data, scale_denom=8, fast=True)
+    except UnsupportedJPEGError:
+        return False
+    except CorruptJPEGError as error:
+        raise _refused(key, error) from None
+    return True
 
 
 def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
@@ -150,8 +176,10 @@ def decode_plan(
         try:
             _decode_with_ext(ext, data, plan, out, fast, header)
             return out
-        except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
+        except UnsupportedJPEGError:  # what the extension cannot do (CMYK, ...): PIL's job
             pass
+        except CorruptJPEGError as error:  # refused: a bad file, never a second, more lenient decoder's
+            raise _refused(key, error) from None
     with decode_errors(key):
         _decode_with_pil(data, plan, out, key, checked=header is not None)
     return out
@@ -168,9 +196,9 @@ def decode_plans(
 
     For a fast decode the plain JPEGs (whatever ``jpeg_ext.decode_resized`` takes) go to the extension in one
     call, without the GIL for the whole batch and with no Python between images, on ``threads`` threads
-    (``jpeg_ext.decode_resized_batch``); the rest, and any the extension refuses, one by one through
-    :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are those of :func:`decode_plan` with the
-    same arguments, bit for bit.
+    (``jpeg_ext.decode_resized_batch``); the rest, and the variants it leaves to PIL, one by one through
+    :func:`decode_plan`. Errors name ``keys(i)``: the first image the extension refused raises its
+    DecodeError. The pixels are those of :func:`decode_plan` with the same arguments, bit for bit.
     """
     if len(images) != len(out):
         raise ValueError(f"{len(images)} images for {len(out)} output slots")
@@ -200,11 +228,18 @@ def decode_plans(
         slots.append(slot)
     if jobs:
         assert ext is not None
-        refused = ext.decode_resized_batch(jobs, out, fast, threads)
-        rest += [slots[position] for position, _ in refused]  # PIL decodes them, or names what is wrong
+        for position, error in ext.decode_resized_batch(jobs, out, fast, threads):
+            if isinstance(error, CorruptJPEGError):
+                raise _refused(keys(slots[position]), error)
+            rest.append(slots[position])  # a variant PIL decodes (the extension said unsupported)
     for slot in rest:
         data, header, plan = images[slot]
         decode_plan(data, plan, keys(slot), out[slot], fast=fast, header=header)
+
+
+def _refused(key: str, error: Exception) -> DecodeError:
+    """The DecodeError for a file the JPEG extension refused (corrupt, truncated, over a limit), naming ``key``."""
+    return DecodeError(f"{key}: cannot decode image ({error})")
 
 
 def _slot_job(plan: CropPlan, header: ImageHeader) -> tuple[Any, ...] | None:

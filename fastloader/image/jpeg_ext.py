@@ -11,10 +11,12 @@ bytes at the same scale (both use the system libjpeg-turbo, accurate integer IDC
 including the columns and rows outside the requested box. ``fast=True`` uses the fast integer IDCT and
 plain (non-fancy) chroma upsampling: a little faster, off by a few levels at chroma edges.
 
-Errors: ``ValueError`` for corrupt or truncated data (including warnings that libjpeg would paper over
-with grey rows), non-JPEG bytes, absurd dimensions (more than ``MAX_PIXELS``) and bad arguments;
-``UnsupportedJPEGError`` (a ``NotImplementedError``) for valid JPEGs this decoder leaves to PIL (CMYK,
-YCCK, 12-bit, lossless).
+Errors: ``CorruptJPEGError`` (a ``ValueError``) for data this decoder refuses: corrupt or truncated data
+(including warnings that libjpeg would paper over with grey rows, and a file cut below the requested box:
+the rows below it are entropy-decoded too), non-JPEG bytes, absurd dimensions (more than ``MAX_PIXELS``)
+and more than ``MAX_SCANS`` scans (counted before any is decoded). A refused file is a bad file: callers
+never hand it to a more lenient decoder. ``UnsupportedJPEGError`` (a ``NotImplementedError``) for valid
+JPEGs this decoder leaves to PIL (CMYK, YCCK, 12-bit, lossless). ``ValueError`` for bad arguments.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not No
 # Whether decode_resized's passes run with AVX2 on this CPU (else plain C: the same pixels, slower).
 RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
+# More scans than this are refused, counted from the markers before any is decoded (the progressive DoS).
+MAX_SCANS: int = int(_ext.MAX_SCANS) if _ext is not None else 500
 # Threads one decode_resized_batch call may run on: the extension's own limit (16 where it is not built).
 MAX_THREADS: int = int(_ext.MAX_THREADS) if _ext is not None else 16
 SCALE_DENOMS = (1, 2, 4, 8)
@@ -49,6 +53,7 @@ __all__ = [
     "AVAILABLE",
     "LIBJPEG_TURBO_VERSION",
     "MAX_PIXELS",
+    "MAX_SCANS",
     "MAX_THREADS",
     "RESIZE_SIMD",
     "SCALE_DENOMS",
@@ -61,10 +66,6 @@ __all__ = [
 ]
 
 
-# What callers may leave to PIL: the data, never a bug in this path.
-FALLBACK_ERRORS = (UnsupportedJPEGError, CorruptJPEGError)
-
-
 def _module() -> Any:
     if _ext is None:
         raise RuntimeError("fastloader.image._jpeg is not built (no libjpeg-turbo headers at install); check AVAILABLE")
@@ -72,7 +73,7 @@ def _module() -> Any:
 
 
 def _call(name: str, *args: Any) -> Any:
-    """The extension's ``name(*args)``, its errors as fastloader's (the data's fault: the fallback errors)."""
+    """The extension's ``name(*args)``, its errors as fastloader's (the data's fault: refused or unsupported)."""
     module = _module()
     try:
         return getattr(module, name)(*args)
@@ -113,7 +114,8 @@ def decode_region(
     The array may cover a little more than the box (columns from an iMCU boundary, whole scaled rows);
     the second value is (ox, oy), the scaled-image coordinates of pixel [0, 0], so the box in array
     coordinates is (x0 / scale_denom - ox, y0 / scale_denom - oy, x1 / scale_denom - ox, ...).
-    Only the box's rows are colour-converted; the rows below it are not even entropy-decoded.
+    Only the box's rows are colour-converted; the rows above and below it are entropy-decoded only (so that
+    a file truncated anywhere is refused, whatever the box).
     ``rgbx``: 4 bytes per pixel (the 4th unspecified), the layout PIL stores RGB in, so that
     ``Image.frombuffer("RGBX", ...)`` wraps the pixels without a copy.
     """
@@ -164,8 +166,9 @@ def decode_resized_batch(
     ``out``: uint8 (N, H, W, 3) with packed pixels. Each job: ``(data, box, scale_denom, source, crop, slot,
     rect, flip, filter_code)``, as :func:`decode_resized`'s arguments, the image going to ``out[slot]`` at
     ``rect`` = (u0, v0, u1, v1), already mirrored for ``flip`` (the rest of the slot is left as it is).
-    Returns ``(position in jobs, error)`` for the jobs whose data the extension refused (one of
-    ``FALLBACK_ERRORS``): the caller decodes those another way; every other job's pixels are in ``out``.
+    Returns ``(position in jobs, error)`` for the jobs whose data the extension did not decode: a
+    ``CorruptJPEGError`` (a bad file) or an ``UnsupportedJPEGError`` (a variant for PIL); every other
+    job's pixels are in ``out``.
     Bad arguments raise ValueError, rows that miss a job's ``source`` RuntimeError (a planning bug).
     """
     refused = _call("decode_resized_batch", jobs, out, bool(fast), int(threads))
