@@ -759,6 +759,24 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(set_pass_order_doc,
+             "set_pass_order(order) -> previous order\n\n"
+             "Which resize pass runs first where both change the image, as the PIL matched runs them: 0 the "
+             "horizontal always (Pillow-SIMD, Pillow before 13), 1 the vertical when the height loses more pixels "
+             "than twice what the width loses (Pillow 13). For every thread; set it before resizing.");
+
+static PyObject *jpeg_set_pass_order(PyObject *self, PyObject *args) {
+    int order, previous = fl_resample_order();
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i:set_pass_order", &order)) return NULL;
+    if (order < 0 || order >= FL_ORDERS) {
+        PyErr_Format(PyExc_ValueError, "set_pass_order: order must be 0 to %d, got %d", FL_ORDERS - 1, order);
+        return NULL;
+    }
+    fl_resample_set_order(order);
+    return PyLong_FromLong(previous);
+}
+
 /* ---- packing a resized image into its batch slot ---- */
 
 /* The Arrow C data interface (arrow.apache.org/docs/format/CDataInterface.html): a stable ABI, declared
@@ -874,6 +892,7 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"decode_resized", jpeg_decode_resized, METH_VARARGS, decode_resized_doc},
     {"decode_resized_batch", jpeg_decode_resized_batch, METH_VARARGS, decode_resized_batch_doc},
+    {"set_pass_order", jpeg_set_pass_order, METH_VARARGS, set_pass_order_doc},
     {"pack_rgb", pack_rgb, METH_VARARGS, pack_rgb_doc},
     {NULL, NULL, 0, NULL},
 };

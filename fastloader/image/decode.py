@@ -8,8 +8,8 @@ cannot do:
    (rows below it not even entropy-decoded, rows above not colour-converted, columns from an iMCU
    boundary), plus a margin of a few pixels for the resampling filter, DCT-scaled as below.
    CMYK / YCCK JPEGs (``UnsupportedJPEGError``) and data it finds corrupt go to PIL. For fast decodes
-   (``fast=True``, the transforms' default) it also resizes, with PIL's filters and weights (16-bit, as
-   Pillow-SIMD keeps them: within a level or two of PIL's pixels), straight into ``out``, flipped on the
+   (``fast=True``, the transforms' default) it also resizes, with PIL's filters, weights and pass order
+   (Pillow-SIMD's pixels, Pillow's within two levels), straight into ``out``, flipped on the
    way: one call without the GIL (``jpeg_ext.decode_resized``). Exact decodes resize with PIL.
 2. PIL (Pillow-SIMD when installed): ``Image.draft`` asks libjpeg for a DCT-scaled decode (1/2,
    1/4, 1/8: fewer IDCTs, a smaller image to resize). Other formats (PNG, WebP, ...) decode in full.
