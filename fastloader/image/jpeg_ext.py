@@ -22,6 +22,7 @@ YCCK, 12-bit, lossless).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,9 @@ RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
 # Threads one decode_resized_batch call may run on: the extension's own limit (16 where it is not built).
 MAX_THREADS: int = int(_ext.MAX_THREADS) if _ext is not None else 16
+# The most filter weights the resize plans for one axis of an image (taps x output pixels): a ``source`` box
+# that would take more is refused (ValueError) before anything is decoded.
+MAX_AXIS_WEIGHTS: int = int(_ext.MAX_AXIS_WEIGHTS) if _ext is not None else 1 << 22
 SCALE_DENOMS = (1, 2, 4, 8)
 # The resize's pass orders (fastloader.image.pil), by the extension's codes.
 PASS_ORDERS = (HORIZONTAL_FIRST, PILLOW_13)
@@ -54,6 +58,7 @@ _pass_order: str | None = None  # None until the first resize sets the installed
 __all__ = [
     "AVAILABLE",
     "LIBJPEG_TURBO_VERSION",
+    "MAX_AXIS_WEIGHTS",
     "MAX_PIXELS",
     "MAX_THREADS",
     "PASS_ORDERS",
@@ -176,8 +181,9 @@ def decode_resized(
     (H, W, 3) with packed pixels, any row stride; mirrored left to right when ``flip``. ``filter_code``: 0 box,
     1 bilinear, 2 hamming, 3 bicubic, 4 lanczos: PIL's filters, weights and 8-bit passes in the installed PIL's
     order, the weights in 16 bits as Pillow-SIMD keeps them (Pillow-SIMD's pixels exactly, Pillow's within two
-    levels). Errors as :func:`decode_region`; RuntimeError if the rows decoded for ``box`` do not cover
-    ``source``.
+    levels). Errors as :func:`decode_region`; ValueError also for a ``source`` that is not a box or that no
+    image is large enough for (its filter weights past the extension's limit); RuntimeError if the rows
+    decoded for ``box`` do not cover ``source``.
     """
     _check_scale(scale_denom)
     _resizer()
@@ -185,7 +191,7 @@ def decode_resized(
 
 
 def decode_resized_batch(
-    jobs: list[tuple[Any, ...]], out: np.ndarray, fast: bool, threads: int = 1
+    jobs: Sequence[tuple[Any, ...]], out: np.ndarray, fast: bool, threads: int = 1
 ) -> list[tuple[int, Exception]]:
     """:func:`decode_resized` for a whole batch, in one call without the GIL in between, on ``threads`` threads
     (the caller's and up to ``threads - 1`` started for the call; at most ``MAX_THREADS``).
@@ -195,7 +201,8 @@ def decode_resized_batch(
     ``rect`` = (u0, v0, u1, v1), already mirrored for ``flip`` (the rest of the slot is left as it is).
     Returns ``(position in jobs, error)`` for the jobs whose data the extension refused (one of
     ``FALLBACK_ERRORS``): the caller decodes those another way; every other job's pixels are in ``out``.
-    Bad arguments raise ValueError, rows that miss a job's ``source`` RuntimeError (a planning bug).
+    Bad arguments raise ValueError (naming the job), rows that miss a job's ``source`` RuntimeError (a planning
+    bug). ``jobs`` is copied before any job is read: a job's field that changes the caller's list is harmless.
     """
     _resizer()
     refused = _call("decode_resized_batch", jobs, out, bool(fast), int(threads))

@@ -283,6 +283,7 @@ def test_constants_match_the_extension() -> None:
     assert jpeg_ext.MAX_PIXELS == _jpeg.MAX_PIXELS
     assert jpeg_ext.LIBJPEG_TURBO_VERSION == _jpeg.LIBJPEG_TURBO_VERSION >= 1_005_000
     assert jpeg_ext.RESIZE_SIMD == bool(_jpeg.RESIZE_SIMD)
+    assert jpeg_ext.MAX_AXIS_WEIGHTS == _jpeg.MAX_AXIS_WEIGHTS
 
 
 def test_threads_decode_concurrently_and_correctly(jpegs: dict[str, bytes]) -> None:
@@ -784,6 +785,89 @@ def test_decode_resized_batch_refuses_bad_jobs_and_planning_bugs(jpegs: dict[str
         jpeg_ext.decode_resized_batch(
             [job(), job(slot=1, box=(0, 0, 100, 100), source=(50.0, 50.0, 200.0, 200.0))], out, True
         )
+
+
+EMPTYING_JOB = """
+import sys
+import numpy as np
+from fastloader.image import jpeg_ext
+
+data, field = open(sys.argv[1], "rb").read(), sys.argv[2]
+jobs = []
+
+
+class Empties:
+    # The parser reads it as an int or a float, and it empties the caller's job list as it is read.
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        jobs.clear()
+        return int(self.value)
+
+    def __float__(self):
+        jobs.clear()
+        return float(self.value)
+
+
+for i in range(4):  # the list holds the only reference to each job
+    slot = Empties(i) if field == "slot" and i == 1 else i
+    x0 = Empties(0.0) if field == "source" and i == 1 else 0.0
+    jobs.append((bytes(data), (0, 0, 500, 375), 1, (x0, 0.0, 500.0, 375.0), False, slot, (0, 0, 16, 12), False, 3))
+out = np.zeros((4, 12, 16, 3), np.uint8)
+alone = np.zeros((12, 16, 3), np.uint8)
+jpeg_ext.decode_resized(data, (0, 0, 500, 375), 1, True, (0.0, 0.0, 500.0, 375.0), False, alone, False, 3)
+print(jpeg_ext.decode_resized_batch(jobs, out, True), len(jobs), [bool(np.array_equal(o, alone)) for o in out])
+"""
+
+
+@pytest.mark.parametrize("field", ["slot", "source"])
+def test_a_job_that_empties_the_job_list_as_it_is_read_decodes_as_given(
+    jpegs: dict[str, bytes], tmp_path: Path, field: str
+) -> None:
+    """A job's slot (``__index__``) or source (``__float__``) that empties the caller's list while the batch is
+    parsed: the batch decodes the jobs it was given, every one (once, this crashed the interpreter). In a
+    subprocess, so that a crash fails this test, not the run."""
+    (tmp_path / "in.jpg").write_bytes(jpegs["420"])
+    run = subprocess.run(
+        [sys.executable, "-c", EMPTYING_JOB, str(tmp_path / "in.jpg"), field],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert run.stdout.split("\n")[0] == "[] 0 [True, True, True, True]"
+
+
+def test_a_source_or_output_past_any_image_is_a_value_error(jpegs: dict[str, bytes]) -> None:
+    """A box past the longest side of any JPEG, an output whose filter weights pass the extension's limit (the
+    plan of either ran out of memory, or overflowed and went through), a box that is not one: ValueError
+    naming the box and the limit, before any decode."""
+    data, limit = jpegs["420"], jpeg_ext.MAX_AXIS_WEIGHTS
+    out = np.zeros((2, 8, 8, 3), np.uint8)
+    good = (data, (0, 0, 500, 375), 1, (0.0, 0.0, 500.0, 375.0), False, 0, (0, 0, 8, 8), False, 4)
+    for source in [(0.0, 0.0, 1e8, 375.0), (0.0, 0.0, 500.0, 1e12), (3e5, 0.0, 3e5 + 10, 375.0)]:
+        for crop in (False, True):
+            message = r"source \([0-9e.+, ]+\) reaches past 65536 pixels, the longest side of any JPEG"
+            with pytest.raises(ValueError, match="decode_resized: " + message):
+                jpeg_ext.decode_resized(data, (0, 0, 500, 375), 1, True, source, crop, out[0], False, 4)
+            bad = (data, (0, 0, 500, 375), 1, source, crop, 1, (0, 0, 8, 8), False, 4)
+            with pytest.raises(ValueError, match="decode_resized_batch: job 1: " + message):
+                jpeg_ext.decode_resized_batch([good, bad], out, True)
+    # 500 columns to 600,000 by Lanczos: 7 weights each, past the limit of an axis (an image's need far fewer:
+    # a 65,536-px side to 1 px takes 393,217).
+    wide = np.zeros((1, 600_000, 3), np.uint8)
+    message = rf"source \(0, 0, 500, 375\) resized to 600000x1 takes more than {limit} filter weights along x"
+    with pytest.raises(ValueError, match="decode_resized: " + message):
+        jpeg_ext.decode_resized(data, (0, 0, 500, 375), 1, True, good[3], False, wide, False, 4)
+    with pytest.raises(ValueError, match="job 0: " + message):
+        jpeg_ext.decode_resized_batch([(*good[:6], (0, 0, 600_000, 1), False, 4)], wide[None], True)
+    assert 2 * math.ceil(3 * 65536) + 1 < limit
+    for source in [(0.0, 0.0, float("nan"), 375.0), (0.0, float("-inf"), 500.0, 375.0), (5.0, 0.0, 5.0, 375.0)]:
+        with pytest.raises(ValueError, match=r"source \(.*\) is not a box"):
+            jpeg_ext.decode_resized(data, (0, 0, 500, 375), 1, True, source, False, out[0], False, 1)
+        with pytest.raises(ValueError, match=r"job 0: source \(.*\) is not a box"):
+            jpeg_ext.decode_resized_batch([(data, *good[1:3], source, *good[4:])], out, True)
 
 
 def test_decode_resized_batch_releases_the_gil_for_the_whole_batch(jpegs: dict[str, bytes]) -> None:
