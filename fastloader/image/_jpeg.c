@@ -634,6 +634,43 @@ static int valid_scale_and_filter(int scale, int filter) {
     return 0;
 }
 
+/* No side of a JPEG is longer (libjpeg's limit is 65,500): a source reaching past it is in no image. */
+#define MAX_SIDE 65536
+
+/* source resized to out_w x out_h: finite, not empty, inside the largest image, and planned in at most
+ * FL_MAX_AXIS_WEIGHTS weights an axis (a huge box or output would have the plan run out of memory). A
+ * pixel more than the box's width and height: a crop's rounding, the float box's. `what`: the call, or
+ * the call and the job. 1, or 0 with ValueError set. */
+static int valid_source(const double source[4], int out_w, int out_h, int filter, const char *what) {
+    char message[320]; /* PyErr_Format has no float formats */
+    const char *axis = NULL;
+    int i;
+    for (i = 0; i < 4 && isfinite(source[i]); i++) {}
+    if (i < 4 || !(source[0] < source[2]) || !(source[1] < source[3])) {
+        snprintf(message, sizeof message, "%s: source (%g, %g, %g, %g) is not a box (x0 < x1, y0 < y1, finite)",
+                 what, source[0], source[1], source[2], source[3]);
+        PyErr_SetString(PyExc_ValueError, message);
+        return 0;
+    }
+    if (source[2] > MAX_SIDE || source[3] > MAX_SIDE) {
+        snprintf(message, sizeof message, "%s: source (%g, %g, %g, %g) reaches past %d pixels, the longest side "
+                 "of any JPEG", what, source[0], source[1], source[2], source[3], MAX_SIDE);
+        PyErr_SetString(PyExc_ValueError, message);
+        return 0;
+    }
+    if (fl_axis_weights(source[2] - source[0] + 1.0, out_w, filter) > FL_MAX_AXIS_WEIGHTS)
+        axis = "x";
+    else if (fl_axis_weights(source[3] - source[1] + 1.0, out_h, filter) > FL_MAX_AXIS_WEIGHTS)
+        axis = "y";
+    if (axis == NULL) return 1;
+    snprintf(message, sizeof message,
+             "%s: source (%g, %g, %g, %g) resized to %dx%d takes more than %zu filter weights along %s, the "
+             "limit of an axis",
+             what, source[0], source[1], source[2], source[3], out_w, out_h, FL_MAX_AXIS_WEIGHTS, axis);
+    PyErr_SetString(PyExc_ValueError, message);
+    return 0;
+}
+
 /* A writable uint8 buffer of `ndim` dimensions, the last two (W, 3) with packed pixels. */
 static int get_pixels(PyObject *out, Py_buffer *target, int ndim, const char *what) {
     int d;
@@ -662,6 +699,11 @@ static PyObject *jpeg_decode_resized(PyObject *self, PyObject *args) {
                           &scale, &fast, &source[0], &source[1], &source[2], &source[3], &crop, &out, &flip, &filter))
         return NULL;
     if (!valid_scale_and_filter(scale, filter) || !get_pixels(out, &target, 3, "out")) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (!valid_source(source, (int)target.shape[1], (int)target.shape[0], filter, "decode_resized")) {
+        PyBuffer_Release(&target);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -714,6 +756,7 @@ static void batch_job(Job *job, const BatchImage *image, int fast) {
 /* Parse jobs[i] into image (with the GIL): 1, or 0 with a Python error set. */
 static int parse_batch_image(PyObject *job, Py_ssize_t i, const Py_buffer *target, BatchImage *image) {
     Py_ssize_t slot, rect[4];
+    char what[64];
     if (!PyTuple_Check(job)) {
         PyErr_Format(PyExc_TypeError, "decode_resized_batch: job %zd is not a tuple", i);
         return 0;
@@ -734,6 +777,8 @@ static int parse_batch_image(PyObject *job, Py_ssize_t i, const Py_buffer *targe
     image->dst = (unsigned char *)target->buf + slot * target->strides[0] + rect[1] * target->strides[1] + rect[0] * 3;
     image->out_w = (int)(rect[2] - rect[0]);
     image->out_h = (int)(rect[3] - rect[1]);
+    snprintf(what, sizeof what, "decode_resized_batch: job %zd", i);
+    if (!valid_source(image->source, image->out_w, image->out_h, image->filter, what)) goto bad;
     return 1;
 bad:
     PyBuffer_Release(&image->view);
@@ -786,7 +831,7 @@ static Py_ssize_t start_helpers(BatchRun *run, pthread_t *helpers, int wanted) {
 PyDoc_STRVAR(decode_resized_batch_doc,
              "decode_resized_batch(jobs, out, fast, threads=1) -> [(position, unsupported, message), ...]\n\n"
              "decode_resized for a whole batch without the GIL in between, on `threads` threads (the caller's and "
-             "helpers started for the call). out: a writable uint8 (N, H, W, 3) "
+             "helpers started for the call). jobs: a sequence (copied first). out: a writable uint8 (N, H, W, 3) "
              "buffer with packed pixels. Each job: (data, box, scale_denom, source, crop, slot, rect, flip, filter), "
              "as decode_resized's arguments, the image going to out[slot] at rect=(u0, v0, u1, v1) (already "
              "mirrored for flip). Returns the jobs whose data libjpeg refused (unsupported: True for JPEG variants "
@@ -794,7 +839,7 @@ PyDoc_STRVAR(decode_resized_batch_doc,
              "a job miss its source (a planning bug).");
 
 static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
-    PyObject *jobs, *out, *result = NULL;
+    PyObject *job_list, *jobs, *out, *result = NULL;
     Py_buffer target;
     BatchImage *images;
     BatchRun run = {0};
@@ -803,21 +848,29 @@ static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
     int fast, threads = 1;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "O!Op|i:decode_resized_batch", &PyList_Type, &jobs, &out, &fast, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOp|i:decode_resized_batch", &job_list, &out, &fast, &threads)) return NULL;
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "decode_resized_batch: threads must be 1 to %d, got %d", MAX_THREADS, threads);
         return NULL;
     }
-    if (!get_pixels(out, &target, 4, "out")) return NULL;
-    count = PyList_GET_SIZE(jobs);
+    /* The jobs as a tuple of our own, held to the end: reading a job's fields can run Python (an __index__,
+     * a __float__) that changes the caller's list, and the jobs it held would go with it. */
+    jobs = PySequence_Tuple(job_list);
+    if (jobs == NULL) return NULL;
+    if (!get_pixels(out, &target, 4, "out")) {
+        Py_DECREF(jobs);
+        return NULL;
+    }
+    count = PyTuple_GET_SIZE(jobs);
     images = PyMem_Calloc(count ? (size_t)count : 1, sizeof *images);
     if (images == NULL) {
         PyBuffer_Release(&target);
+        Py_DECREF(jobs);
         return PyErr_NoMemory();
     }
-    /* The list holds every job's bytes: their buffers stay valid while the GIL is released. */
+    /* Each job's buffer view holds its bytes: valid while the GIL is released. */
     for (; parsed < count; parsed++)
-        if (!parse_batch_image(PyList_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
+        if (!parse_batch_image(PyTuple_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
 
     run.images = images;
     run.count = count;
@@ -855,7 +908,26 @@ done:
     for (i = 0; i < parsed; i++) PyBuffer_Release(&images[i].view);
     PyMem_Free(images);
     PyBuffer_Release(&target);
+    Py_DECREF(jobs);
     return result;
+}
+
+PyDoc_STRVAR(set_pass_order_doc,
+             "set_pass_order(order) -> previous order\n\n"
+             "Which resize pass runs first where both change the image, as the PIL matched runs them: 0 the "
+             "horizontal always (Pillow-SIMD, Pillow before 13), 1 the vertical when the height loses more pixels "
+             "than twice what the width loses (Pillow 13). For every thread; set it before resizing.");
+
+static PyObject *jpeg_set_pass_order(PyObject *self, PyObject *args) {
+    int order, previous = fl_resample_order();
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i:set_pass_order", &order)) return NULL;
+    if (order < 0 || order >= FL_ORDERS) {
+        PyErr_Format(PyExc_ValueError, "set_pass_order: order must be 0 to %d, got %d", FL_ORDERS - 1, order);
+        return NULL;
+    }
+    fl_resample_set_order(order);
+    return PyLong_FromLong(previous);
 }
 
 /* ---- packing a resized image into its batch slot ---- */
@@ -973,6 +1045,7 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"decode_resized", jpeg_decode_resized, METH_VARARGS, decode_resized_doc},
     {"decode_resized_batch", jpeg_decode_resized_batch, METH_VARARGS, decode_resized_batch_doc},
+    {"set_pass_order", jpeg_set_pass_order, METH_VARARGS, set_pass_order_doc},
     {"pack_rgb", pack_rgb, METH_VARARGS, pack_rgb_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -997,6 +1070,7 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
         PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_AXIS_WEIGHTS", (long)FL_MAX_AXIS_WEIGHTS) < 0 ||
         PyModule_AddIntConstant(m, "RESIZE_SIMD", fl_resample_simd()) < 0) {
         Py_DECREF(m);
         return NULL;

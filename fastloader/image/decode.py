@@ -10,8 +10,8 @@ cannot do:
    CMYK / YCCK JPEGs (``UnsupportedJPEGError``) go to PIL; data it refuses (corrupt, truncated anywhere in
    the file whatever the crop, over its scan or pixel limit) is a :class:`~fastloader.errors.DecodeError`,
    never handed to PIL, which would paper over a truncation with grey rows. For fast decodes
-   (``fast=True``, the transforms' default) it also resizes, with PIL's filters and weights (16-bit, as
-   Pillow-SIMD keeps them: within a level or two of PIL's pixels), straight into ``out``, flipped on the
+   (``fast=True``, the transforms' default) it also resizes, with PIL's filters, weights and pass order
+   (Pillow-SIMD's pixels, Pillow's within two levels), straight into ``out``, flipped on the
    way: one call without the GIL (``jpeg_ext.decode_resized``). Exact decodes resize with PIL.
 2. PIL (Pillow-SIMD when installed): ``Image.draft`` asks libjpeg for a DCT-scaled decode (1/2,
    1/4, 1/8: fewer IDCTs, a smaller image to resize). Other formats (PNG, WebP, ...) decode in full.
