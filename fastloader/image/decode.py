@@ -17,7 +17,7 @@ cannot do:
    1/4, 1/8: fewer IDCTs, a smaller image to resize). Other formats (PNG, WebP, ...) decode in full.
 
 DCT scaling is used only while the reduced image keeps 1.5x the output resolution (never an
-upscale from a reduced decode; see ``_DCT_ROOM``). Then one resize: a whole-pixel box is cropped,
+upscale from a reduced decode; see ``decode_window.DCT_ROOM``). Then one resize: a whole-pixel box is cropped,
 then resized (torchvision's ``RandomResizedCrop``, bit for bit at full scale); a fractional box
 (``Resize`` + ``CenterCrop``) is resized with ``Image.resize(size, resample, box=...)``, which
 samples exactly what torchvision's resize-then-crop samples. Flip and zero padding come last.
@@ -50,30 +50,20 @@ from typing import Any
 import numpy as np
 
 from fastloader.errors import CorruptJPEGError, DecodeError, UnsupportedJPEGError
+from fastloader.image.decode_window import (
+    FILTERS,
+    INTERPOLATIONS,
+    RESAMPLERS,
+    batch_job,
+    dct_scale,
+    scaled_source,
+    target_rect,
+    window,
+)
 from fastloader.image.geometry import CropPlan, FloatBox, visible_region, whole_box
 from fastloader.image.pil import check_pixels, decode_errors, open_image, pixel_limit, to_rgb
 
 _JPEG_SOI = b"\xff\xd8"
-# PIL resampling filter per torchvision interpolation name, and the filter's support radius in
-# input pixels (scaled by the downscale factor): the margin a region decode must include.
-_FILTERS = {
-    "nearest": ("NEAREST", 0.0),
-    "nearest-exact": ("NEAREST", 0.0),
-    "box": ("BOX", 0.5),
-    "bilinear": ("BILINEAR", 1.0),
-    "hamming": ("HAMMING", 1.0),
-    "bicubic": ("BICUBIC", 2.0),
-    "lanczos": ("LANCZOS", 3.0),
-}
-INTERPOLATIONS = frozenset(_FILTERS)
-# The filters jpeg_ext's own resize knows (PIL's convolutions, by its codes); nearest stays PIL's.
-_RESAMPLERS = {"box": 0, "bilinear": 1, "hamming": 2, "bicubic": 3, "lanczos": 4}
-# DCT scaling averages blocks more crudely than an antialiased resize: scale only while the reduced
-# image keeps 1.5x the output resolution, so the final resize still smooths. On the sample photos
-# (RandomResizedCrop(128), Resize(146)+CenterCrop(128); 1024x768 re-encodes at 224) the mean
-# |difference| from torchvision is <= 0.6 levels (worst image 1.5) against <= 1.1 (worst 3.6) when
-# scaling right down to the output resolution, for 3-8% less speed-up.
-_DCT_ROOM = 1.5
 
 
 @functools.cache
@@ -169,8 +159,8 @@ def decode_plan(
         out = np.empty((height, width, 3), dtype=np.uint8)
     elif out.shape != (height, width, 3) or out.dtype != np.uint8:
         raise ValueError(f"out must be a uint8 array of shape {(height, width, 3)}, got {out.dtype} {out.shape}")
-    if plan.interpolation not in _FILTERS:
-        raise ValueError(f"unknown interpolation {plan.interpolation!r}; expected one of {sorted(_FILTERS)}")
+    if plan.interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {plan.interpolation!r}; expected one of {sorted(INTERPOLATIONS)}")
     ext = _jpeg_ext()
     if ext is not None and is_jpeg(data) and (header is None or header.plain_jpeg):
         try:
@@ -216,15 +206,15 @@ def decode_plans(
             rest.append(slot)
             continue
         if id(plan) not in planned:
-            planned[id(plan)] = _slot_job(plan, header)
+            planned[id(plan)] = batch_job(plan, header.width, header.height)
         job = planned[id(plan)]
         if job is None:
             rest.append(slot)
             continue
-        window, scale, source, crop, rect, code, padded = job
+        wanted, scale, source, crop, rect, code, padded = job
         if padded:
             out[slot] = 0  # torchvision pads a crop larger than the image with 0
-        jobs.append((data, window, scale, source, crop, slot, rect, plan.flip, code))
+        jobs.append((data, wanted, scale, source, crop, slot, rect, plan.flip, code))
         slots.append(slot)
     if jobs:
         assert ext is not None
@@ -242,61 +232,6 @@ def _refused(key: str, error: Exception) -> DecodeError:
     return DecodeError(f"{key}: cannot decode image ({error})")
 
 
-def _slot_job(plan: CropPlan, header: ImageHeader) -> tuple[Any, ...] | None:
-    """``decode_resized_batch``'s arguments for ``plan`` on a plain JPEG, less the data, the slot and the flip
-    (the window, the scale, the scaled box, crop, the output rectangle, the filter) and whether the output is
-    padded; None where :func:`decode_plan` must do it (nearest neighbour, a box that misses the image)."""
-    if plan.interpolation not in _RESAMPLERS:
-        return None
-    region = visible_region(plan, header.width, header.height)
-    if region is None:
-        return None
-    window, scale = _window(plan, region, header.width, header.height)
-    source, crop = _scaled_source(region, scale)
-    rect, padded = _target_rect(plan, region)
-    return window, scale, source, crop, rect, _RESAMPLERS[plan.interpolation], padded
-
-
-def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]) -> int:
-    """The largest DCT scale denominator whose reduced image keeps ``_DCT_ROOM`` x the output resolution."""
-    if _FILTERS[plan.interpolation][1] < 0.5:
-        return 1  # nearest neighbour picks pixels: an averaged reduced image would not match
-    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
-    room = min((x1 - x0) / (u1 - u0), (y1 - y0) / (v1 - v0))
-    for scale in (8, 4, 2):
-        if room >= _DCT_ROOM * scale:
-            return scale
-    return 1
-
-
-def _window(
-    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], width: int, height: int
-) -> tuple[tuple[int, int, int, int], int]:
-    """The pixels to decode for ``region`` of a ``width`` x ``height`` JPEG, and the DCT scale to decode them at.
-
-    The resampling filter reaches past the box: a margin is decoded too, so that the edge pixels are
-    computed from the same neighbours as in a full decode."""
-    scale = _dct_scale(plan, region)
-    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
-    reach = _FILTERS[plan.interpolation][1] * max(1.0, (x1 - x0) / scale / (u1 - u0), (y1 - y0) / scale / (v1 - v0))
-    margin = (math.ceil(reach) + 1) * scale
-    wanted = (
-        max(0, math.floor(x0) - margin),
-        max(0, math.floor(y0) - margin),
-        min(width, math.ceil(x1) + margin),
-        min(height, math.ceil(y1) + margin),
-    )
-    return wanted, scale
-
-
-def _scaled_source(region: tuple[FloatBox, tuple[int, int, int, int]], scale: int) -> tuple[FloatBox, bool]:
-    """The region's box in the image decoded at 1/``scale``, and whether it is whole pixels (crop, then resize)."""
-    factor = 1.0 / scale
-    x0, y0, x1, y1 = region[0]
-    box = (x0 * factor, y0 * factor, x1 * factor, y1 * factor)
-    return box, whole_box(box) is not None
-
-
 def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, checked: bool) -> None:
     image = open_image(data)
     width, height = image.size
@@ -305,7 +240,7 @@ def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, che
     region = visible_region(plan, width, height)
     scale = 1
     if region is not None and image.format == "JPEG":
-        wanted = _dct_scale(plan, region)
+        wanted = dct_scale(plan, region)
         # draft picks the largest DCT scale whose image is at least this size: exactly `wanted`.
         drafted = image.draft("RGB", (width // wanted, height // wanted)) if wanted > 1 else None
         if drafted is not None:
@@ -334,12 +269,12 @@ def _decode_with_ext(
     if region is None:
         out[...] = 0
         return
-    wanted, scale = _window(plan, region, width, height)
-    if fast and plan.interpolation in _RESAMPLERS and out.strides[1:] == (3, 1):
+    wanted, scale = window(plan, region, width, height)
+    if fast and plan.interpolation in RESAMPLERS and out.strides[1:] == (3, 1):
         # One call, no GIL: the region decoded, resized and written into its slot (jpeg_ext.decode_resized).
-        source, crop = _scaled_source(region, scale)
+        source, crop = scaled_source(region, scale)
         target = _target(plan, region, out)
-        ext.decode_resized(data, wanted, scale, fast, source, crop, target, plan.flip, _RESAMPLERS[plan.interpolation])
+        ext.decode_resized(data, wanted, scale, fast, source, crop, target, plan.flip, RESAMPLERS[plan.interpolation])
         return
     (x0, y0, x1, y1), _ = region
     # RGBX: PIL keeps RGB as 4 bytes a pixel, so it wraps these pixels without a copy.
@@ -376,7 +311,7 @@ def _render(
         return
     (x0, y0, x1, y1), (u0, v0, u1, v1) = region
     box = (x0 * factor - origin[0], y0 * factor - origin[1], x1 * factor - origin[0], y1 * factor - origin[1])
-    resample = getattr(Image.Resampling, _FILTERS[plan.interpolation][0])
+    resample = getattr(Image.Resampling, FILTERS[plan.interpolation][0])
     whole = whole_box(box)
     if whole is not None:
         # torchvision's RandomResizedCrop crops, then resizes: the filter sees no pixel outside the
@@ -391,23 +326,10 @@ def _render(
 
 def _target(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], out: np.ndarray) -> np.ndarray:
     """The part of ``out`` the visible region is resized into (where a flip puts it); the rest zeroed."""
-    (u0, v0, u1, v1), padded = _target_rect(plan, region)
+    (u0, v0, u1, v1), padded = target_rect(plan, region)
     if padded:
         out[...] = 0  # torchvision pads a crop larger than the image with 0
     return out[v0:v1, u0:u1]
-
-
-def _target_rect(
-    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]
-) -> tuple[tuple[int, int, int, int], bool]:
-    """The output rectangle ``(u0, v0, u1, v1)`` the visible region goes to, mirrored for a flip, and whether
-    the output has padding around it (zeros)."""
-    out_h, out_w = plan.size
-    u0, v0, u1, v1 = region[1]
-    padded = (u1 - u0, v1 - v0) != (out_w, out_h)
-    if plan.flip:
-        u0, u1 = out_w - u1, out_w - u0
-    return (u0, v0, u1, v1), padded
 
 
 def _put(image: Any, target: np.ndarray, flip: bool) -> None:

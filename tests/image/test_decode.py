@@ -107,7 +107,7 @@ def test_fast_decodes_resize_in_the_extension_as_pil_does(kind: str, monkeypatch
         decode.decode_plan(data, plan, fast=True, out=batch[0, : plan.size[0], : plan.size[1]]).copy() for plan in plans
     ]
     assert len(calls) == len(plans) and (batch[1] == 9).all()
-    monkeypatch.setattr(decode, "_RESAMPLERS", {})  # the PIL resize of the same decoded region
+    monkeypatch.setattr(decode, "RESAMPLERS", {})  # the PIL resize of the same decoded region
     for plan, pixels in zip(plans, ours):
         diff = np.abs(pixels.astype(int) - decode.decode_plan(data, plan, fast=True))
         assert diff.max() <= 2 and diff.mean() < 0.05, plan
