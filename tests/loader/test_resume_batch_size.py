@@ -18,10 +18,11 @@ import torch.utils.data as tud
 from torch.utils.data import Dataset, IterableDataset
 
 from fastloader import DataLoaderX
-from fastloader.samplers import DistributedSampler, RandomSampler
+from fastloader.samplers import DistributedSampler, RandomSampler, ShardWindowSampler, WeightedRandomSampler
 
 LENGTH, SAVED_BATCH, K = 50, 4, 3  # the run stops after K batches of SAVED_BATCH: 12 samples of 50
-ORDERS = ["generator", "global_seed", "seed", "sequential", "random_sampler"]
+ORDERS = ["generator", "global_seed", "seed", "sequential", "random_sampler", "weighted", "shard_window"]
+SHARDS = [0, 7, 20, 26, 41, LENGTH]  # ShardWindowSampler's shard starts
 
 
 class Indices(Dataset[int]):
@@ -43,7 +44,17 @@ def options(order: str) -> dict[str, Any]:
         return {"shuffle": True, "seed": 3}
     if order == "random_sampler":
         return {"sampler": tud.RandomSampler(Indices(), generator=torch.Generator().manual_seed(9))}
+    if order in ("weighted", "shard_window"):
+        return {"sampler": fastloader_sampler(order)}
     return {}
+
+
+def fastloader_sampler(order: str, rank: int = 0, world: int = 1) -> Any:
+    if order == "weighted":
+        return WeightedRandomSampler([1.0 + i % 5 for i in range(LENGTH)], LENGTH, seed=2)
+    if order == "shard_window":
+        return ShardWindowSampler(SHARDS, window=2, seed=4, num_replicas=world, rank=rank)
+    return DistributedSampler(LENGTH, num_replicas=world, rank=rank, seed=1)
 
 
 def expected_order(order: str) -> list[int]:
@@ -61,6 +72,8 @@ def expected_order(order: str) -> list[int]:
         return list(RandomSampler(LENGTH, seed=3))
     if order == "random_sampler":
         return torch.randperm(LENGTH, generator=torch.Generator().manual_seed(9)).tolist()
+    if order in ("weighted", "shard_window"):
+        return list(fastloader_sampler(order))
     return list(range(LENGTH))
 
 
@@ -103,8 +116,8 @@ def test_torchdatas_stateful_dataloader_agrees(order: str) -> None:
     """The control (where torchdata is installed): StatefulDataLoader too resumes the 38 samples of its own
     epoch order (with a random order not torch's draw for draw: its sampler is its own)."""
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    if order == "seed":
-        pytest.skip("seed= is DataLoaderX's own argument")
+    if order in ("seed", "weighted", "shard_window"):
+        pytest.skip("fastloader's own order")
 
     def make(batch: int, workers: int, kwargs: dict[str, Any]) -> Any:
         return stateful.StatefulDataLoader(Indices(), batch_size=batch, num_workers=workers, **kwargs)
@@ -130,35 +143,33 @@ def test_a_resumed_state_saved_again_at_a_third_batch_size_goes_on() -> None:
     second.load_state_dict(state)
     middle, _ = samples(second, 2)
     state = json.loads(json.dumps(second.state_dict()))
-    assert state["samples_yielded"] == 12 + 16
     third = make_x(3, 0, options("seed"))
     third.load_state_dict(state)
     assert middle + samples(third)[0] == expected[12:]
+    assert state["samples_yielded"] == 12 + 16
 
 
-@pytest.mark.parametrize("torchs", [False, True])
+@pytest.mark.parametrize("kind", ["distributed", "torch", "shard_window"])
 @pytest.mark.parametrize("batch", [8, 3])
-def test_two_ranks_resume_at_another_batch_size(batch: int, torchs: bool) -> None:
+def test_two_ranks_resume_at_another_batch_size(batch: int, kind: str) -> None:
     """Each rank of two (lockstep) resumes its own part at the sample it reached."""
-    for rank in range(2):
-        if torchs:
-            sampler: Any = tud.DistributedSampler(Indices(), num_replicas=2, rank=rank, seed=1)
+
+    def sampler_of(rank: int) -> Any:
+        if kind == "torch":
+            sampler = tud.DistributedSampler(Indices(), num_replicas=2, rank=rank, seed=1)
             sampler.set_epoch(0)
-            part = list(sampler)
-        else:
-            sampler = DistributedSampler(LENGTH, num_replicas=2, rank=rank, seed=1)
-            part = sampler.global_indices(0)[rank::2].tolist()
-        loader = DataLoaderX(Indices(), batch_size=SAVED_BATCH, sampler=sampler, num_workers=2)
+            return sampler
+        return fastloader_sampler(kind, rank, 2)
+
+    for rank in range(2):
+        part = list(sampler_of(rank))  # this rank's order: 25 samples
+        loader = DataLoaderX(Indices(), batch_size=SAVED_BATCH, sampler=sampler_of(rank), num_workers=2)
         head, _ = samples(loader, K)
         state = json.loads(json.dumps(loader.state_dict()))
-        again = (
-            tud.DistributedSampler(Indices(), 2, rank, seed=1)
-            if torchs
-            else DistributedSampler(LENGTH, 2, rank, seed=1)
-        )
-        resumed = DataLoaderX(Indices(), batch_size=batch, sampler=again, num_workers=2)
+        resumed = DataLoaderX(Indices(), batch_size=batch, sampler=sampler_of(rank), num_workers=2)
         resumed.load_state_dict(state)
-        assert head + samples(resumed)[0] == part  # 25 samples of rank's part: 12 before, 13 after
+        assert head + samples(resumed)[0] == part  # 12 before, the 13 left after
+        assert state["samples_yielded"] == K * SAVED_BATCH
 
 
 def test_another_world_size_and_batch_size_lose_and_repeat_nothing() -> None:
