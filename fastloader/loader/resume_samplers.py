@@ -193,7 +193,7 @@ def _check_drop_last(loader: DataLoaderX[Any], values: dict[str, Any], consumed:
             f" batch_size={now} {rest % now}"
         )
     else:
-        detail = "the samples it leaves out would differ"
+        detail = "the epoch is re-split over another number of ranks, so the tail each rank leaves out would differ"
     raise ValueError(
         f"the state comes from batch_size={saved} with drop_last=True, this loader has batch_size={now}:"
         f" {detail}: resume with batch_size={saved}, or with drop_last=False"
