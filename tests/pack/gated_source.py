@@ -40,6 +40,9 @@ class GatedSource:
     def label(self, index: int) -> int:
         return int(self.inner.label(index))
 
+    def path(self, index: int) -> str:  # the folder's files: a resume without the gate sees the same items
+        return str(self.inner.path(index))
+
     def read(self, index: int) -> bytes:
         if index >= self.hold_from:
             os.makedirs(self.markers, exist_ok=True)
