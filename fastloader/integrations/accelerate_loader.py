@@ -84,12 +84,13 @@ SKIP_REFUSED = (
 )
 
 
-class ReadByTheLoader:
+class ReadByTheLoader(tud.BatchSampler):
     """accelerate's batch sampler as ``PreparedLoader.batch_sampler`` hands it out: its attributes read and
     set as they are (``join_uneven_inputs`` sets ``even_batches``), its length, but no iteration: only the
-    loader reads its batches (``accelerator.skip_first_batches`` would read them past it, see ``SKIP_REFUSED``)."""
+    loader reads its batches (``accelerator.skip_first_batches`` would read them past it, see ``SKIP_REFUSED``).
+    A BatchSampler, as what it stands for is: accelerate's ``get_sampler`` tells the two layouts apart so."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any) -> None:  # torch's __init__ is not run: every attribute is the inner one's
         object.__setattr__(self, "inner", inner)
 
     def __getattr__(self, name: str) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastloader import DataLoaderX
 from tests.integrations.common import BATCH, LENGTH, Images, Items, reset_accelerate
@@ -20,6 +20,7 @@ pytest.importorskip("accelerate")
 from accelerate import Accelerator, DataLoaderConfiguration  # noqa: E402
 
 from fastloader.integrations.accelerate import prepare  # noqa: E402
+from fastloader.integrations.accelerate_loader import ReadByTheLoader  # noqa: E402
 
 NAMED = "fastloader.integrations.accelerate.prepare"
 FULL = -(-LENGTH // BATCH)  # 13 batches
@@ -155,3 +156,17 @@ def test_skip_first_batches_on_fastloaders_prepare_is_refused(
     rest, ends = epoch_and_ends(loader, accelerator)
     assert rest == epochs[1][SAVED_AT:] and ends == [False] * (FULL - SAVED_AT - 1) + [True]
     assert epoch_and_ends(loader, accelerator) == (epochs[2], [False] * (FULL - 1) + [True])
+
+
+def test_the_batch_sampler_handed_out_reads_and_sets_but_does_not_iterate() -> None:
+    """What PreparedLoader.batch_sampler (and .sampler, for DataLoader(sampler=BatchSampler(...))) hands out:
+    still a BatchSampler with the inner one's attributes, as accelerate's get_sampler and
+    join_uneven_inputs read and set them; iterating it is refused."""
+    order = SequentialSampler(Items())
+    inner = BatchSampler(order, BATCH, drop_last=False)
+    handed = ReadByTheLoader(inner)
+    assert isinstance(handed, BatchSampler) and handed.sampler is order and len(handed) == FULL
+    handed.drop_last = True
+    assert inner.drop_last is True and len(handed) == LENGTH // BATCH
+    with pytest.raises(ValueError, match=r"skip_first_batches.*call accelerator\.load_state\(path\) and iterate"):
+        iter(handed)
