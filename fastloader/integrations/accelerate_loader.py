@@ -17,10 +17,10 @@ training loop sees accelerate's semantics with fastloader's pipeline underneath:
   batches already received at the index level (no sample of them is read), in accelerate's shard, so
   the ``even_batches`` padding at the end stays where it was. Ranks are assumed to advance in lockstep
   (one state serves all ranks: accelerate saves custom states from the main process);
-* its ``batch_sampler`` (accelerate's) is handed out for reading, not iterating: ``accelerator.
-  skip_first_batches(loader, n)`` iterates it through a plain torch DataLoader, past this loader (no
-  ``end_of_dataloader``, and the resume state left for the next epoch), so that raises, naming
-  ``load_state``, which resumes the loader by itself.
+* its ``batch_sampler`` (accelerate's) is handed out for reading, not iterating:
+  ``accelerator.skip_first_batches(loader, n)`` iterates it through a plain torch DataLoader, past this
+  loader (no ``end_of_dataloader``, and the resume state left for the next epoch), so that raises,
+  naming ``load_state``, which resumes the loader by itself.
 
 The order of an epoch can be rebuilt when it comes from a sampler's generator (``shuffle=True`` on
 several processes: accelerate gives the sampler one, or ``generator=``), from a seed (``seed=``,
@@ -238,7 +238,8 @@ class PreparedLoader(DataLoaderStateMixin):
 
     @property
     def batch_sampler(self) -> Any:
-        return ReadByTheLoader(self._shard.batch_sampler)  # join_uneven_inputs sets its even_batches
+        inner = self._shard.batch_sampler  # join_uneven_inputs sets its even_batches
+        return ReadByTheLoader(inner) if inner is not None else None
 
     @property
     def sampler(self) -> Any:
