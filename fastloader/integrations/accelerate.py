@@ -3,7 +3,8 @@
 ``accelerator.prepare(loader)`` rebuilds every loader as accelerate's ``DataLoaderShard`` over a plain
 ``torch.utils.data.DataLoader`` made from the loader's public arguments, so the DataLoaderX itself never
 runs: no prefetch thread, no side-stream copy, no normalize / flip / channels_last after the copy, no
-``decode_on="cuda"``, nothing in ``stats()``. This ``prepare`` keeps it::
+``decode_on="cuda"``, nothing in ``stats()`` (a DataLoaderX warns when that happens, once:
+``fastloader.loader.plain_prepare``). This ``prepare`` keeps it::
 
     from fastloader.integrations.accelerate import prepare
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)  # was accelerator.prepare(...)
@@ -52,6 +53,7 @@ from accelerate.utils import DistributedType
 
 from fastloader.integrations.accelerate_loader import PreparedLoader, ResumableBatches
 from fastloader.loader.dataloader import DataLoaderX
+from fastloader.loader.plain_prepare import own_prepare
 
 __all__ = ["PreparedLoader", "prepare", "prepare_loader"]
 
@@ -75,7 +77,8 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoaderX[Any]) -> Prepar
     if not isinstance(loader, DataLoaderX):
         raise ValueError(f"prepare_loader needs a fastloader.DataLoaderX, got {type(loader).__name__}")
     _refuse_unsupported(accelerator, loader)
-    shard = accelerator.prepare_data_loader(loader, device_placement=False)
+    with own_prepare(loader):  # accelerate's sharding, without the warning its plain prepare gets
+        shard = accelerator.prepare_data_loader(loader, device_placement=False)
     batch_sampler_as_sampler = isinstance(shard.sampler, tud.BatchSampler)  # DataLoader(sampler=BatchSampler)
     index_batches = shard.sampler if batch_sampler_as_sampler else shard.batch_sampler
     is_iterable = isinstance(shard.dataset, tud.IterableDataset)

@@ -16,7 +16,11 @@ training loop sees accelerate's semantics with fastloader's pipeline underneath:
   the epoch's order; loading applies to the next ``iter()``, which rebuilds the order and leaves out the
   batches already received at the index level (no sample of them is read), in accelerate's shard, so
   the ``even_batches`` padding at the end stays where it was. Ranks are assumed to advance in lockstep
-  (one state serves all ranks: accelerate saves custom states from the main process).
+  (one state serves all ranks: accelerate saves custom states from the main process);
+* its ``batch_sampler`` (accelerate's) is handed out for reading, not iterating:
+  ``accelerator.skip_first_batches(loader, n)`` iterates it through a plain torch DataLoader, past this
+  loader (no ``end_of_dataloader``, and the resume state left for the next epoch), so that raises,
+  naming ``load_state``, which resumes the loader by itself.
 
 The order of an epoch can be rebuilt when it comes from a sampler's generator (``shuffle=True`` on
 several processes: accelerate gives the sampler one, or ``generator=``), from a seed (``seed=``,
@@ -69,6 +73,37 @@ class ResumableBatches:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+SKIP_REFUSED = (
+    "a loader from fastloader.integrations.accelerate.prepare reads its batches itself: iterating its"
+    " batch sampler elsewhere, as accelerator.skip_first_batches(loader, n) does (through a plain torch"
+    " DataLoader: no end_of_dataloader at the last batch, and the loader's next epoch would start from the"
+    " resumed position again), would not be this loader's epoch. To resume, call accelerator.load_state(path)"
+    " and iterate the loader itself: it continues at the batch after the one save_state() was called at"
+)
+
+
+class ReadByTheLoader(tud.BatchSampler):
+    """accelerate's batch sampler as ``PreparedLoader.batch_sampler`` hands it out: its attributes read and
+    set as they are (``join_uneven_inputs`` sets ``even_batches``), its length, but no iteration: only the
+    loader reads its batches (``accelerator.skip_first_batches`` would read them past it, see ``SKIP_REFUSED``).
+    A BatchSampler, as what it stands for is: accelerate's ``get_sampler`` tells the two layouts apart so."""
+
+    def __init__(self, inner: Any) -> None:  # torch's __init__ is not run: every attribute is the inner one's
+        object.__setattr__(self, "inner", inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.inner, name, value)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        raise ValueError(SKIP_REFUSED)
 
 
 @dataclasses.dataclass
@@ -203,11 +238,13 @@ class PreparedLoader(DataLoaderStateMixin):
 
     @property
     def batch_sampler(self) -> Any:
-        return self._shard.batch_sampler  # a BatchSamplerShard: join_uneven_inputs sets its even_batches
+        inner = self._shard.batch_sampler  # join_uneven_inputs sets its even_batches
+        return ReadByTheLoader(inner) if inner is not None else None
 
     @property
     def sampler(self) -> Any:
-        return self._shard.sampler
+        sampler = self._shard.sampler
+        return ReadByTheLoader(sampler) if isinstance(sampler, tud.BatchSampler) else sampler
 
     @property
     def total_batch_size(self) -> int:

@@ -28,6 +28,7 @@ from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import DeviceLike, resolve_device
 from fastloader.loader.epoch import open_epoch
 from fastloader.loader.normalize import NormalizeSpec
+from fastloader.loader.plain_prepare import read_prepared_flag, write_prepared_flag
 from fastloader.loader.plan import PLANNED, LoaderPlan
 from fastloader.loader.prefetch_iterator import PrefetchIterator
 from fastloader.loader.report import loader_stats
@@ -196,6 +197,16 @@ class DataLoaderX(DataLoader[T_co]):
                 " (the loader's plan is made of it: build another loader)"
             )
         super().__setattr__(name, value)
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read by accelerate's ``accelerator.prepare`` before it rebuilds the loader: warns that the
+        DataLoaderX will not run (``fastloader.loader.plain_prepare``)."""
+        return read_prepared_flag(self)
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        write_prepared_flag(self, value)
 
     def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
         if self._plan.autotune and self._runtime.autotune is None:

@@ -13,7 +13,8 @@ from the same global seed, so that accelerate draws both the same shuffling gene
   batches' dtype and device, and DataLoaderX's ``stats()`` counts;
 * resume: epoch 0, 3 batches of epoch 1, ``save_state``, the rest of epoch 1 and epoch 2; then a new
   Accelerator and loader (another global seed), ``load_state``, and what the loop receives after it:
-  OUTDIR/<config>_<kind>_resume_rank<r>.json.
+  OUTDIR/<config>_<kind>_resume_rank<r>.json, with ``end_of_dataloader`` at each resumed batch and, for
+  DataLoaderX, the error that iterating ``accelerator.skip_first_batches(loader, 3)`` raised before.
 
 OUTDIR/refused_rank<r>.json: the error for a DataLoaderX that splits the data itself.
 """
@@ -91,7 +92,15 @@ def resume(config: DataLoaderConfiguration, kind: str, checkpoint: Path) -> dict
     accelerator = Accelerator(cpu=True, dataloader_config=config)
     loader = prepared(accelerator, kind, seed=2)
     accelerator.load_state(str(checkpoint))
-    record["rest"] = [indices.tolist() for _images, indices in loader]
+    if kind == "fastloader":  # accelerate's recipe for its own loader is refused on fastloader's
+        try:
+            next(iter(accelerator.skip_first_batches(loader, SAVED_AT)))
+            record["skip_refused"] = ""
+        except ValueError as error:
+            record["skip_refused"] = str(error)
+    for _images, indices in loader:
+        record["rest"].append(indices.tolist())
+        record.setdefault("ends", []).append(accelerator.gradient_state.end_of_dataloader)
     record["after"] = [indices.tolist() for _images, indices in loader]
     return record
 

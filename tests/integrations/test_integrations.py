@@ -122,6 +122,11 @@ def check_accelerate_resume(outdir: Path, config: str, kind: str) -> None:
             assert record["rest"] != full["1"][saved_at:]
         else:  # save_state at batch 3 of epoch 1, a new loader, load_state: the uninterrupted batches
             assert record["rest"] == full["1"][saved_at:] and record["after"] == full["2"]
+            assert (
+                "skip_first_batches" in record["skip_refused"]
+                and "accelerator.load_state(path)" in record["skip_refused"]
+            )
+        assert record["ends"] == [False] * (len(record["rest"]) - 1) + [True]  # the resumed epoch's end is seen
 
 
 @pytest.mark.timeout(300)
