@@ -50,6 +50,9 @@ The worker processes (``torch.utils.data._utils.worker``):
 * ``_DatasetKind.create_fetcher``: torch's worker loop makes its fetcher with it after ``worker_init_fn``;
   a DataLoaderX worker installs a factory that wraps it (:func:`torch_fetcher_factory`,
   :func:`install_fetcher_factory`);
+* ``_worker_loop``'s local ``data_queue`` (its result queue, a ``multiprocessing.Queue``: ``_sem``, ``_wlock``,
+  ``_send_bytes``): a worker that may be restarted writes its results in its own thread
+  (:func:`write_results_synchronously`);
 * ``_worker_info`` (a frozen dataclass): a resumed worker's seed is set where ``get_worker_info()`` reads it,
   and ``_generate_state``: how the worker loop seeds numpy (:func:`set_worker_seed`, :func:`numpy_seed`).
 
@@ -68,7 +71,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import queue
+import sys
 from collections.abc import Callable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
 import torch
@@ -112,6 +118,7 @@ __all__ = [
     "shutdown_workers",
     "take_reported_length",
     "torch_fetcher_factory",
+    "write_results_synchronously",
     "worker_processes",
 ]
 
@@ -401,6 +408,28 @@ def install_fetcher_factory(factory: FetcherFactory) -> None:
     """Have this process's torch worker loop make its fetchers with ``factory`` (a worker process only: the
     class is the whole process's)."""
     _DatasetKind.create_fetcher = staticmethod(factory)  # type: ignore[method-assign]
+
+
+def write_results_synchronously() -> None:
+    """In a worker process, from its ``worker_init_fn``: its results are written to the result pipe by the thread
+    that made them, before it goes on, not by the queue's feeder thread while the next batch is made. A worker
+    that crashes making a batch then never dies in the middle of a write, holding the pipe's lock that every
+    worker and the loader's process write under (nothing could be written to the pipe any more)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not _worker._worker_loop.__code__:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        raise RuntimeError("write_results_synchronously runs inside torch's worker loop only")
+    results = frame.f_locals["data_queue"]
+
+    def put(obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        if not results._sem.acquire(block, timeout):  # released by the reader's get()
+            raise queue.Full
+        data = ForkingPickler.dumps(obj)
+        with results._wlock:
+            results._send_bytes(data)
+
+    results.put = put
 
 
 def set_worker_seed(seed: int) -> None:

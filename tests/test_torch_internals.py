@@ -333,7 +333,9 @@ def test_a_dead_worker_can_be_replaced_through_the_worker_set() -> None:
     process.kill()
     process.join(_DEADLINE_S)  # the SIGCHLD handler ran before join returned (it raises nothing now)
     assert not process.is_alive() and process.exitcode == -9
-    assert inspect.signature(torch.utils.data._utils.worker._worker_loop).parameters.keys() >= {"init_fn"}
+    worker_loop = torch.utils.data._utils.worker._worker_loop
+    assert inspect.signature(worker_loop).parameters.keys() >= {"init_fn", "data_queue"}  # the result queue
+    assert {"_sem", "_wlock", "_send_bytes"} <= set(vars(torch.multiprocessing.Queue()))  # written to directly
     assert workers.outstanding(1) and not workers.outstanding(0)
     new = workers.new_queue()
     workers.set_index_queue(0, new)

@@ -13,7 +13,9 @@ The protocol, all of it in the loader's process (the workers only mark what they
    before the fetch and clears it right after (``worker_state.FetchMarks``). Every index queue is wrapped
    (:class:`_HeldQueue`) to keep each task torch sends (torch keeps only its worker), until its result
    arrives. torch's SIGCHLD handler, which would end the run in the main thread, no longer watches these
-   workers.
+   workers. A worker writes each result in the thread that made it, before its next fetch
+   (``torch_internals.write_results_synchronously``): a crash in a fetch never comes while the result pipe's
+   write lock, which every worker and this process write under, is held by a feeder thread.
 2. *Death.* Each wait for a result looks at every worker (``is_alive``: ``waitpid``, no timing involved) and
    polls the result queue at most :data:`_POLL_S` at a time. A dead worker's mark names the batch that killed
    it (its kill count goes up), or nothing (it died between batches: :data:`_UNEXPLAINED` such deaths and the
@@ -41,9 +43,9 @@ The protocol, all of it in the loader's process (the workers only mark what they
    are known from the start, in a resumed run too.
 
 Every other sample is delivered exactly once, in torch's order. A new epoch's reset (persistent workers)
-forgets the books of the last one, as torch does. Not covered: a worker killed while writing a result larger
-than a pipe's atomic write (4 KiB; a batch's tensors travel in shared memory, its pickle is small) leaves the
-result pipe torn, and the loader waits (the stall watchdog reports it).
+forgets the books of the last one, as torch does. Not covered: a worker killed from outside (the OOM killer) at
+the moment it writes a result, or holds another lock its peers share (torch's done event), can leave the loader
+waiting (the stall watchdog reports it).
 """
 
 from __future__ import annotations

@@ -40,7 +40,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
-from fastloader.torch_internals import install_fetcher_factory, numpy_seed, set_worker_seed, torch_fetcher_factory
+from fastloader.torch_internals import (
+    install_fetcher_factory,
+    numpy_seed,
+    set_worker_seed,
+    torch_fetcher_factory,
+    write_results_synchronously,
+)
 
 log = logging.getLogger("fastloader")
 WorkerState = Mapping[str, Any]  # {"batches": int, "dataset": ..., "iterator": ..., "rng": ... (raw)}
@@ -302,6 +308,7 @@ class WorkerStart:
         if self.marks is not None:
             global _MARKS
             _MARKS = self.marks
+            write_results_synchronously()  # a crash in a fetch then never holds the result pipe's lock
         if self.inner is not None:
             self.inner(worker_id)
 

@@ -188,3 +188,37 @@ def test_a_batch_made_again_writes_its_ring_slot_with_the_pixels_torch_would_giv
         batches += 1
     assert (tmp_path / "killed").exists() and batches == 10 and viewed > 0
     assert killing.error_policy is not None and killing.error_policy.bad_samples() == []
+
+
+class ManyKillers(Dataset[int]):
+    """64 samples, three of which kill their worker each time (two SIGKILL, one SIGSEGV)."""
+
+    KILLERS = {20: signal.SIGKILL, 27: signal.SIGSEGV, 50: signal.SIGKILL}
+
+    def __init__(self, quarantine: Path, mode: str) -> None:
+        self.error_policy = ErrorPolicy(mode, 64, quarantine=quarantine)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if index in self.KILLERS and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), self.KILLERS[index])
+        return index
+
+
+@pytest.mark.parametrize("mode", ["skip", "replace"])
+def test_three_killers_in_batches_of_16_are_each_found(tmp_path: Path, mode: str) -> None:
+    """Workers die right after sending a batch, while its result may still be being written (the pipe's lock
+    held): the hunt goes on to the end, every other sample once."""
+    dataset = ManyKillers(tmp_path / "quarantine.tsv", mode)
+    loader = DataLoaderX(dataset, batch_size=16, shuffle=True, generator=_seeded(1), num_workers=2, stall_warning=None)
+    order = [b.tolist() for b in DataLoader(list(range(64)), batch_size=16, shuffle=True, generator=_seeded(1))]
+    bad = ManyKillers.KILLERS
+    if mode == "skip":
+        expected = [[i for i in batch if i not in bad] for batch in order]
+    else:
+        expected = [[i + 1 if i in bad else i for i in batch] for batch in order]  # 21, 28, 51 are good
+
+    assert _epoch(loader) == expected
+    assert sorted(s.position for s in dataset.error_policy.bad_samples()) == sorted(bad)
