@@ -96,7 +96,10 @@ class ThreadedBatches(LMDBDataset):
 
         def run(slots: range) -> None:
             for slot in slots:
-                self._decode_into(fused, int(indices[slot]), pixels[slot])
+                target = pixels[slot]
+                image, _ = self._decoded(fused, int(indices[slot]), target)
+                if image is not target:  # decoded elsewhere (PIL): copied into its slot
+                    target[...] = image
 
         step = -(-len(indices) // self.threads)
         chunks = [range(first, min(first + step, len(indices))) for first in range(0, len(indices), step)]

@@ -34,6 +34,10 @@ last one stopped, with no image lost or duplicated. Bad images (unreadable, empt
 never stop a pack: they are skipped, counted in the summary and listed in DST.skipped.tsv.
 Check the result with `fastloader verify DST`.
 
+One run at a time per DST: a second run into it fails at once, naming the run that holds its lock
+(DST.pack.lock: pid, host, since when). A lock left by a killed run on this host is taken over; one
+of another host only with --break-lock. DST may not be SRC, be inside it or hold it.
+
 On a Ray cluster: --engine ray [--ray-address auto|HOST:PORT] packs tar shards (default) or Parquet
 files, one Ray Data task per shard; every node must read SRC and write DST at the same paths (or s3://).
 """
@@ -85,6 +89,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         commit_every=args.commit_every,
         engine=args.engine,
         ray_address=args.ray_address,
+        break_lock=args.break_lock,
     )
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.format_text())
     return 0
@@ -249,6 +254,11 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--ray-address",
         metavar="auto|HOST:PORT",
         help="the Ray cluster of --engine ray (default: RAY_ADDRESS, else a new local one)",
+    )
+    pack.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take over DST's lock held by a pack on another host (only when that run is known to be gone)",
     )
     pack.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     pack.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -11,7 +11,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
   :class:`CorruptJPEGError`, which the image path leaves to PIL;
 * object storage (``fastloader.remote``): :class:`RemoteError` (a request that failed for good),
   :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
-  body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress).
+  body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress);
+* the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination).
 
 No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
 """
@@ -40,6 +41,10 @@ class DecodeError(FastloaderError, ValueError):
 
 class TooManyBadSamples(FastloaderError, RuntimeError):
     """More bad samples than a dataset's error policy allows (``max_errors``)."""
+
+
+class DestinationLocked(FastloaderError, RuntimeError):
+    """Another ``fastloader pack`` holds the destination's lock (the message names its pid, host and start)."""
 
 
 class UnsupportedJPEGError(FastloaderError, NotImplementedError):

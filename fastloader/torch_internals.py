@@ -28,8 +28,11 @@ The iterator (``_BaseDataLoaderIter`` and ``_MultiProcessingDataLoaderIter``):
 * subclassing ``_MultiProcessingDataLoaderIter``: ``_reset(loader, first_iter)`` sets
   ``_worker_queue_idx_cycle`` right before the first requests go out; a resumed epoch starts that cycle at
   another worker; ``_shutdown_workers()`` (which sets ``_shutdown`` once it has stopped the workers) is
-  followed by a callback: the batch ring takes back the slots of workers now dead
-  (:class:`MultiProcessIterStartingAt`);
+  followed by a callback: the batch ring takes back the slots of workers now dead; ``_try_put_index()`` draws
+  the next indices and sends them as task ``_send_idx`` to the worker it records in ``_task_info`` (or to none:
+  no worker can take it), told to the batch ring, which then knows which worker has which slot; and
+  ``_mark_worker_as_unavailable(worker_id)`` is where torch's ``_try_get_data`` records a worker it found dead:
+  the ring hears of it there (:class:`MultiProcessIterStartingAt`, :class:`WorkerEvents`);
 * restarting a dead worker (``fastloader.loader.worker_restart``, through :class:`WorkerSet`): the iterator's
   ``_try_get_data(timeout)`` (where torch notices a dead worker) and ``_next_index()`` (each batch of indices
   before it is sent) are overridden; ``_workers``, ``_index_queues`` (one per worker, replaced for a new
@@ -61,6 +64,9 @@ Tensors and the profiler:
 * ``_utils.pin_memory.pin_memory``: torch's pin of a nested batch (the stage clock's timed pin);
 * ``torch.UntypedStorage._new_shared``: a storage in shared memory, written by a worker and sent without a copy
   (:func:`shared_storage`);
+* ``UntypedStorage._weak_ref`` / ``_expired`` / ``_free_weak_ref`` (what ``torch.multiprocessing``'s
+  ``StorageWeakRef`` wraps): whether a storage still exists; the batch ring tells a storage freed from one that
+  moved its data to shared memory (:func:`storage_ref`, :func:`storage_gone`, :func:`drop_storage_ref`);
 * ``_utils.collate.collate`` and ``default_collate_fn_map``: default_collate with extra types
   (``fastloader.image.batching``);
 * ``torch.autograd.profiler._is_profiler_enabled``: whether a profiler records, checked before each stage label
@@ -75,7 +81,7 @@ import queue
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.autograd.profiler as _profiler
@@ -97,6 +103,7 @@ __all__ = [
     "MultiProcessIterStartingAt",
     "SingleProcessIterWith",
     "TaggedResume",
+    "WorkerEvents",
     "WorkerRecovery",
     "WorkerSet",
     "awaited_batch",
@@ -115,7 +122,10 @@ __all__ = [
     "resume_message",
     "set_worker_seed",
     "shared_storage",
+    "drop_storage_ref",
     "shutdown_workers",
+    "storage_gone",
+    "storage_ref",
     "take_reported_length",
     "torch_fetcher_factory",
     "write_results_synchronously",
@@ -217,24 +227,38 @@ class WorkerRecovery(Protocol):
     def filtered(self, index: Any) -> Any: ...
 
 
+class WorkerEvents(Protocol):
+    """What a :class:`MultiProcessIterStartingAt` tells about its workers (the batch ring's dispatch)."""
+
+    def sent(self, worker: int | None) -> None:
+        """The indices just drawn went to ``worker`` (None: to no worker, torch dropped them)."""
+
+    def worker_lost(self, worker: int) -> object:
+        """torch found ``worker`` dead (it writes nothing any more) and goes on without it."""
+
+    def workers_stopped(self, iterator: Any) -> None:
+        """torch's ``_shutdown_workers()`` stopped the workers (once)."""
+
+
 class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
     """torch's multi-process iterator whose round of requests starts at worker ``first_worker()`` in each epoch
-    (torch starts it at worker 0): asked right before the first requests go out. ``on_shutdown(iterator)`` runs
-    once, after the ``_shutdown_workers()`` that stopped the workers (at the end of an epoch, when dropped).
-    ``recovery(workers)``: made once the workers are started, before the first request, it takes over the
-    wait for results (a dead worker is restarted, not an error) and sees each batch of indices before it is
-    sent; torch's SIGCHLD handler then no longer watches these workers."""
+    (torch starts it at worker 0): asked right before the first requests go out. ``events`` hears where each
+    batch of indices went, which worker torch found dead, and (once) that ``_shutdown_workers()`` stopped the
+    workers (at the end of an epoch, when dropped). ``recovery(workers)``: made once the workers are started,
+    before the first request, it takes over the wait for results (a dead worker is restarted, not an error)
+    and sees each batch of indices before it is sent; torch's SIGCHLD handler then no longer watches these
+    workers, and ``events`` hears of no lost worker (a restarted one keeps its id and its slots)."""
 
     def __init__(
         self,
         loader: Any,
         first_worker: Callable[[], int],
-        on_shutdown: Callable[[Any], None] | None = None,
+        events: WorkerEvents | None = None,
         recovery: Callable[[WorkerSet], WorkerRecovery] | None = None,
     ) -> None:
         self._first_worker_of = first_worker
         self._first_worker = 0
-        self._on_shutdown = on_shutdown
+        self._events = events  # before torch's __init__: its first requests go out there
         self._make_recovery = recovery
         self._recovery: WorkerRecovery | None = None
         self._mp_context = loader.multiprocessing_context or torch.multiprocessing
@@ -242,10 +266,24 @@ class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
 
     def _shutdown_workers(self) -> None:
         super()._shutdown_workers()
-        on_shutdown = self.__dict__.get("_on_shutdown")
-        if on_shutdown is not None and self.__dict__.get("_shutdown"):  # torch skips it at interpreter exit
-            self._on_shutdown = None  # once: torch calls this again when the iterator is collected
-            on_shutdown(self)
+        events = self.__dict__.get("_events")
+        if events is not None and self.__dict__.get("_shutdown"):  # torch skips it at interpreter exit
+            self._events = None  # once: torch calls this again when the iterator is collected
+            events.workers_stopped(self)
+
+    def _try_put_index(self) -> None:
+        events = self.__dict__.get("_events")
+        task = self._send_idx
+        super()._try_put_index()
+        if events is not None:
+            events.sent(self._task_info[task][0] if self._send_idx > task else None)
+
+    def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
+        super()._mark_worker_as_unavailable(worker_id, shutdown)
+        events = self.__dict__.get("_events")
+        restarts = self.__dict__.get("_recovery") is not None  # a worker restarted keeps its slots
+        if events is not None and not shutdown and not restarts and not self._workers[worker_id].is_alive():
+            events.worker_lost(worker_id)  # (alive: an IterableDataset's worker that ran out of data)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._first_worker = self._first_worker_of()
@@ -452,6 +490,25 @@ def numpy_seed(base_seed: int, worker_id: int) -> list[int]:
 def shared_storage(nbytes: int) -> torch.UntypedStorage:
     """An uninitialised storage of ``nbytes`` in shared memory."""
     return torch.UntypedStorage._new_shared(nbytes)
+
+
+def storage_ref(tensor: torch.Tensor) -> int:
+    """A weak reference to ``tensor``'s storage (the storage itself, not its data), as a number: ask
+    :func:`storage_gone`, then give it back with :func:`drop_storage_ref` (what ``StorageWeakRef`` of
+    ``torch.multiprocessing.reductions`` wraps, without its object's cost: a few hundred ns, not microseconds)."""
+    return cast(int, tensor.untyped_storage()._weak_ref())  # (typed as a storage; it is the number)
+
+
+def storage_gone(ref: int) -> bool:
+    """Whether the storage of :func:`storage_ref` no longer exists. While its data is being freed because the
+    storage itself goes, it is gone already; when only its data was replaced (``share_memory_()`` moves a
+    storage's data to new shared memory), it is not."""
+    return bool(torch.UntypedStorage._expired(ref))
+
+
+def drop_storage_ref(ref: int) -> None:
+    """Give back a :func:`storage_ref` (once)."""
+    torch.UntypedStorage._free_weak_ref(ref)
 
 
 def profiler_enabled() -> bool:

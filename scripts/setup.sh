@@ -12,7 +12,7 @@ VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 
 stamp="$VENV/.fastloader-setup"
-want=$(cat pyproject.toml scripts/setup.sh scripts/install_pillow_simd.sh fastloader/image/_jpeg.c | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml scripts/setup.sh scripts/install_pillow_simd.sh fastloader/image/_jpeg.c fastloader/image/_resample.c fastloader/image/_resample.h | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && "$VENV/bin/python" -c "import fastloader, torch, torchvision, PIL, lmdb, sphinx" 2>/dev/null; then
   exit 0

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from fastloader.datasets.lmdb import LMDBSource
+from fastloader.sample import PHOTOS
 
 # Pillow >= 11.2 exports an image's pixels as an Arrow array (what fastloader's one-pass slot copy reads).
 needs_arrow = pytest.mark.skipif(
@@ -60,3 +63,29 @@ def pack_contents(path: Path) -> list[tuple[str | None, int, bytes]]:
     source, _ = open_source(str(path))
     key = getattr(source, "source_key", source.key)  # tar and LMDB keep the source's key beside their own
     return [(key(i), source.label(i), source.read(i)) for i in range(len(source))]
+
+
+def photo(width: int = 500, height: int = 375, seed: int = 0, **options: Any) -> bytes:
+    image = Image.open(sorted(PHOTOS.glob("*.jpg"))[seed % 3]).convert("RGB").resize((width, height))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90, **options)
+    return out.getvalue()
+
+
+def cut(data: bytes, fraction: float) -> bytes:
+    """A download cut short, then closed with an end-of-image marker (as some tools and servers do)."""
+    return data[: int(len(data) * fraction)] + b"\xff\xd9"
+
+
+def many_scans(copies: int) -> bytes:
+    """A progressive JPEG whose smallest scan is repeated ``copies`` times: each repeat a full pass of the
+    decoder over the image, as in the "thousands of scans" denial of service."""
+    data = photo(320, 240, progressive=True)
+    end = data.rindex(b"\xff\xd9")
+    starts = [match.start() for match in re.finditer(b"\xff\xda", data)]
+    scans = []
+    for start in starts:  # a scan runs to the next table (DHT), the next scan or the end
+        ends = [p for p in (data.find(b"\xff\xc4", start + 2), data.find(b"\xff\xda", start + 2)) if p > 0]
+        scans.append(data[start : min(ends + [end])])
+    smallest = min(scans, key=len)
+    return data[:end] + smallest * copies + b"\xff\xd9"

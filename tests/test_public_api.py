@@ -71,6 +71,7 @@ ERRORS = (
     "CacheStuck",
     "CorruptJPEGError",
     "DecodeError",
+    "DestinationLocked",
     "FastloaderError",
     "FormatError",
     "MissingField",

@@ -151,18 +151,33 @@ def test_the_length_check_can_be_taken_over() -> None:
     assert internals.take_reported_length(iter(DataLoader(Counted(), batch_size=None)))[0] is None  # len() not asked
 
 
+class Events:
+    """What an iterator tells: where each batch of indices went, and its workers once they had been shut down."""
+
+    def __init__(self, stopped: list[list[bool]]) -> None:
+        self.stopped = stopped
+        self.sent_to: list[int | None] = []
+        self.lost: list[int] = []
+
+    def sent(self, worker: int | None) -> None:
+        self.sent_to.append(worker)
+
+    def worker_lost(self, worker: int) -> None:
+        self.lost.append(worker)
+
+    def workers_stopped(self, iterator: Any) -> None:
+        self.stopped.append([process.is_alive() for process in internals.worker_processes(iterator)])
+
+
 class Watched(DataLoader[int]):
-    """Its iterator says, once, what its workers were when they had been shut down."""
+    """Its iterator tells :class:`Events` what it does."""
 
     def __init__(self, stopped: list[list[bool]], persistent: bool) -> None:
         super().__init__(Numbers(), batch_size=2, num_workers=2, persistent_workers=persistent)
-        self.stopped = stopped
+        self.events = Events(stopped)
 
     def _get_iterator(self) -> Any:
-        def record(iterator: Any) -> None:
-            self.stopped.append([process.is_alive() for process in internals.worker_processes(iterator)])
-
-        return internals.MultiProcessIterStartingAt(self, lambda: 0, on_shutdown=record)
+        return internals.MultiProcessIterStartingAt(self, lambda: 0, events=self.events)
 
 
 def test_the_iterator_calls_back_once_its_workers_are_shut_down() -> None:
@@ -170,6 +185,11 @@ def test_the_iterator_calls_back_once_its_workers_are_shut_down() -> None:
     assert len(list(Watched(stopped, persistent=False))) == 4
     gc.collect()
     assert stopped == [[False, False]]  # at the end of the epoch (torch shuts them down), not again when collected
+    watched = Watched(stopped, persistent=False)
+    list(watched)
+    assert watched.events.sent_to[:4] == [0, 1, 0, 1] and set(watched.events.sent_to[4:]) == {None}  # none left
+    assert watched.events.lost == []
+    stopped.pop()
     persistent = Watched(stopped, persistent=True)
     assert len(list(persistent)) == 4 and len(stopped) == 1  # persistent workers stay
     internals.drop_persistent_iterator(persistent)
@@ -275,6 +295,14 @@ def test_the_tensor_and_profiler_internals() -> None:
     assert pinned == {"batch": [item, 3], "name": "x"} and item.pinned  # objects with pin_memory are asked
     storage = internals.shared_storage(64)
     assert storage.is_shared() and storage.nbytes() == 64
+    tensor = torch.zeros(8)
+    ref = internals.storage_ref(tensor)
+    view = tensor[2:]
+    tensor.share_memory_()  # the storage's data moves; the storage stays
+    assert view.is_shared() and not internals.storage_gone(ref)
+    del tensor, view
+    assert internals.storage_gone(ref)
+    internals.drop_storage_ref(ref)
     assert not internals.profiler_enabled()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         assert internals.profiler_enabled()

@@ -32,7 +32,6 @@ files / environments lazily in each process (see ``fastloader.datasets.handles``
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
@@ -41,13 +40,17 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fastloader.datasets.batch_route import whole_batch
+from fastloader.datasets.cache_route import cached_batch, checked_cache, open_cache
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
-from fastloader.fields.batch import FieldBatch
-from fastloader.fields.reader import FieldReader, image_size
+from fastloader.datasets.fields_route import sample, sample_batch
+from fastloader.datasets.item import check_index, item_tensor
+from fastloader.datasets.policy_route import image_by_image, policed_items
+from fastloader.fields.reader import FieldReader
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
-from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch, decode_threads
-from fastloader.image.decoded_cache import CacheMeta, DecodedCache, source_fingerprint
+from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
+from fastloader.image.decoded_cache import UNTRUSTED, DecodedCache, item_identities
 from fastloader.image.geometry import CropPlan
 from fastloader.image.gpu_decode import check_filters
 from fastloader.image.jpeg_ext import MAX_THREADS
@@ -56,9 +59,6 @@ from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
 T = TypeVar("T")
-# Encoded bytes a batch's decode holds at once: all of a batch of small images (256 x 20 KB), a few calls for
-# large ones, so that a worker never holds a whole batch of 10 MB images beside their pixels.
-_BATCH_BYTES = 16 << 20
 
 
 @runtime_checkable
@@ -72,18 +72,6 @@ class Source(Protocol):
     def label(self, index: int) -> int: ...
 
     def key(self, index: int) -> str: ...
-
-
-def check_index(index: int, length: int) -> int:
-    """Normalise a possibly negative index, raising IndexError outside ``[-length, length)``."""
-    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-        raise TypeError(f"dataset indices must be integers, got {type(index).__name__}")
-    index = int(index)
-    if index < 0:
-        index += length
-    if not 0 <= index < length:
-        raise IndexError(f"index {index} out of range for a dataset of {length} items")
-    return index
 
 
 class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
@@ -100,9 +88,11 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
     ``__getitems__``, samples with fields and GPU decode all get their image from ``_decoded()`` (the
     cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no cache takes
-    the same steps for the whole batch at once (``_decode_batch()``: the reads, then the headers and plans,
-    then the decodes in one call of the JPEG extension), and under an error policy goes image by image when a
-    sample of the batch fails (``_whole_batch()``). Without one, the image comes
+    the same steps for the whole batch at once (``fastloader.datasets.batch_route``: the reads, then the
+    headers and plans, then the decodes in one call of the JPEG extension), one with a cache copies what it
+    holds and decodes the rest so (``fastloader.datasets.cache_route``), and under an error policy a batch
+    goes image by image when a sample of it fails or is excluded (``fastloader.datasets.policy_route``);
+    samples with fields take ``fastloader.datasets.fields_route``. Without one, the image comes
     from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one) and the transform.
     """
 
@@ -154,7 +144,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
 
     def _item(self, index: int) -> Any:
         if self._layout is not None:
-            return self._sample(index)
+            return sample(self, index)
         fused = self._fused()
         if fused is not None:
             return self._finish(fused, self._decoded(fused, index)[0]), self._label(index)
@@ -171,33 +161,24 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         """Items ``indices`` as one :class:`~fastloader.image.batching.PrecollatedBatch` when the transform
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
         if self._layout is not None:
-            return self._sample_batch(indices)
+            return sample_batch(self, indices)
         fused, size, policy = self._fused(), self.batch_buffer_size(), self._errors
         if fused is None or size is None:
             if policy is None:
                 return [self[index] for index in indices]
-            items = (policy.fetch(check_index(i, len(self)), self.source.key, self._item) for i in indices)
-            return [item for item in items if item is not None]  # "skip" drops bad samples
+            return policed_items(self, policy, indices)
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
         positions = [check_index(index, len(self.source)) for index in indices]
-        if policy is not None and policy.excludes_any(positions):
-            labels = None  # image by image from the start: an excluded sample is never read, from the cache either
+        if policy is not None and policy.excludes_any(positions, self.source.key):
+            labels = None  # image by image from the start: an excluded or found-bad sample is never read again
         elif self._cache is None:
-            labels = self._whole_batch(fused, positions, pixels)
+            labels = whole_batch(self, fused, positions, pixels)
         else:
-            labels = self._cached_batch(fused, positions, pixels)
+            labels = cached_batch(self, fused, positions, pixels)
         if labels is not None:  # the hot path: the whole batch at once
             return PrecollatedBatch(buffer, labels)
-        targets, kept = [], []
-        for slot, index in enumerate(positions):
-            target = self._decode_slot(fused, index, pixels[slot])
-            if target is not None:
-                targets.append(target[0])
-                kept.append(slot)
-        if len(kept) < len(indices):
-            buffer = buffer[kept]  # skipped samples: a shorter batch (rare: a copy is fine)
-        return PrecollatedBatch(buffer, targets)
+        return image_by_image(self, fused, buffer, positions)
 
     def batch_buffer_size(self) -> tuple[int, int] | None:
         """``(height, width)`` of the uint8 batch buffer ``__getitems__`` decodes a batch into, or None when it
@@ -210,78 +191,6 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if self._layout is not None and not self._layout.wants_image:
             return None
         return size
-
-    def _whole_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
-        """Items ``indices`` decoded at once into ``pixels`` (:meth:`_decode_batch`): their labels, or None where
-        the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
-        rare) and given up at its first failure, torch's random state put back: image by image, the policy then
-        handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
-        excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
-        state = None if self._errors is None else torch.get_rng_state()
-        try:
-            self._decode_batch(fused, indices, pixels)
-            return [self._label(index) for index in indices]
-        except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
-            if state is None:
-                raise
-            torch.set_rng_state(state)
-            return None
-
-    def _cached_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
-        """Items ``indices`` into ``pixels`` through the decoded cache: the cached ones copied from it, the rest
-        decoded at once (:meth:`_whole_batch`) and stored; their labels, or None where the batch must go image by
-        image (a bad sample under a policy)."""
-        cache = self._checked_cache(fused)
-        with timed("read"):  # decoded pixels from the cache
-            cached = cache.read_batch(indices, pixels)
-        missing = np.flatnonzero(~cached)
-        if len(missing):
-            wanted = [indices[int(slot)] for slot in missing]
-            decoded = np.empty((len(missing), *pixels.shape[1:]), dtype=np.uint8)
-            if self._whole_batch(fused, wanted, decoded) is None:
-                return None
-            pixels[missing] = decoded
-            cache.write_batch(wanted, decoded)
-        return [self._label(index) for index in indices]
-
-    def _checked_cache(self, fused: FusedTransform) -> DecodedCache:
-        """The decoded cache, refused when the transform is not the one it was made for."""
-        cache = self._cache
-        assert cache is not None
-        if fused is not self._cached_transform:
-            raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
-        return cache
-
-    def _decode_batch(self, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray) -> None:
-        """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one
-        call of the extension (``FusedTransform.decode_batch``); errors name the item's key. The encoded
-        bytes held at once are bounded (``_BATCH_BYTES``: a batch of large images goes in several calls)."""
-        source, start = self.source, 0
-        while start < len(indices):
-            blobs: list[bytes] = []
-            held = 0
-            with timed("read"):
-                while start + len(blobs) < len(indices) and held < _BATCH_BYTES:
-                    blobs.append(source.read(indices[start + len(blobs)]))
-                    held += len(blobs[-1])
-            end = start + len(blobs)
-            keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
-            with timed("decode"):
-                fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(self._decode_threads))
-            start = end
-
-    def _decode_slot(self, fused: FusedTransform, index: int, out: np.ndarray) -> tuple[Any] | None:
-        """Decode item ``index`` into a batch slot under the error policy: ``(label,)``, or None when skipped."""
-
-        if self._errors is None:  # the hot path: no closure per sample
-            self._decoded(fused, index, out)
-            return (self._label(index),)
-
-        def produce(i: int) -> tuple[Any]:
-            self._decoded(fused, i, out)
-            return (self._label(i),)
-
-        return self._errors.fetch(index, self.source.key, produce)
 
     def set_decode_threads(self, threads: int | None) -> None:
         """Threads a batch's JPEGs are decoded on, in each process that decodes (a worker, or the training
@@ -348,24 +257,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if path is None:
             self._cache, self._cached_transform = None, None
             return
-        fused = self._fused()
-        if fused is None:
-            raise ValueError(f"cache needs a fastloader transform with the default decode; got {self.transform!r}")
-        if self._layout is not None and self._layout.annotations:
-            raise ValueError("cache: a dataset whose masks or boxes follow the crop reads its images, not a cache")
-        if fused.is_random:
-            raise ValueError(
-                f"cache needs a fixed transform, but {fused.describe()} draws random crops or flips:"
-                " cache evaluation transforms such as Compose([Resize(256), CenterCrop(224)])"
-            )
-        size = fused.decoded_size
-        if size is None:
-            raise ValueError(f"cache needs a fixed output size (end with CenterCrop or Resize((h, w))); got {fused!r}")
-        if self._decode_device != "cpu":
-            raise ValueError("cache: a dataset that decodes on the GPU cannot cache decoded images")
-        meta = CacheMeta(len(self.source), size[0], size[1], fused.describe(), source_fingerprint(self.source))
-        self._cache = DecodedCache.open(path, meta)
-        self._cached_transform = fused
+        self._cache, self._cached_transform = open_cache(self, path)
 
     def _image(self, index: int) -> Any:
         """The image of item ``index`` for a transform that does not decode by itself."""
@@ -401,12 +293,14 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         on the GPU, the image stays encoded, with its plan; ``pixels=False``: the plan only. Returns
         (H×W×3 uint8 pixels, an ``EncodedImage`` or None; the crop plan, None for pixels from the cache).
         """
-        cache = None if self._cache is None else self._checked_cache(fused)
+        cache = None if self._cache is None else checked_cache(self, fused)
+        identity = UNTRUSTED
         if cache is not None:
             size = cast(tuple[int, int], fused.decoded_size)  # fixed: set_cache checked it
             out = np.empty((*size, 3), dtype=np.uint8) if out is None else out
-            with timed("read"):  # decoded pixels from the cache
-                if cache.read_into(index, out):
+            with timed("read"):  # decoded pixels from the cache, if the item is still the one cached
+                identity = int(item_identities(self.source, [index])[0])  # before the read below
+                if cache.read_into(index, out, identity):
                     return out, None
         gpu = self._decode_device != "cpu"
         with timed("read"):
@@ -417,75 +311,13 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if gpu:
             return EncodedImage(data, plan, key, header, index), plan
         if cache is not None and decoded is not None:
-            cache.write(index, decoded)
+            cache.write(index, decoded, identity)
         return decoded, plan
 
     def _finish(self, fused: FusedTransform, image: Any) -> Any:
         """Decoded pixels as a C×H×W tensor, through the transform's tail; an encoded image as it is."""
-        image = _tensor(image)
+        image = item_tensor(image)
         if not fused.tail or not isinstance(image, torch.Tensor):
             return image
         with timed("transform"):
             return fused.finish(image)
-
-    # -- samples with fields (fastloader.fields) ---------------------------------------------------
-
-    def _sample_batch(self, indices: Sequence[int]) -> FieldBatch:
-        """Items ``indices`` as a :class:`FieldBatch`; fixed-size images decoded into one batch buffer."""
-        layout, size, policy = self._layout, self.batch_buffer_size(), self._errors
-        assert layout is not None
-        buffer = allocate_batch(len(indices), *size) if size is not None else None
-        pixels = None if buffer is None else buffer.numpy()
-        samples, kept = [], []
-        for slot, index in enumerate(indices):
-            index = check_index(index, len(self.source))
-            out = None if pixels is None else pixels[slot]
-            if policy is None:
-                sample = self._sample(index, out)
-            else:
-                sample = policy.fetch(index, self.source.key, functools.partial(self._sample, out=out))
-            if sample is not None:
-                samples.append(sample)
-                kept.append(slot)
-        if buffer is not None and len(kept) < len(indices):
-            buffer = buffer[kept]  # skipped samples: a shorter batch
-        return FieldBatch.collate(layout, samples, buffer)
-
-    def _sample(self, index: int, out: np.ndarray | None = None) -> Any:
-        """Item ``index`` as its layout asks; with ``out``, the image is decoded into it (and left out)."""
-        layout, reader, fused = self._layout, self._fields, self._fused()
-        assert layout is not None and reader is not None
-        image: Any = None
-        plan: CropPlan | None = None
-        source_size: tuple[int, int] | None = None
-        transforms: Sequence[Callable[[Any], Any]] = ()
-        if fused is not None and (layout.wants_image or layout.annotations):
-            pixels, plan = self._decoded(fused, index, out, pixels=layout.wants_image)
-            if layout.annotations:  # the plan gives their geometry; the tail moves them with the image (below)
-                image = None if out is not None else _tensor(pixels)
-                source_size, transforms = cast(CropPlan, plan).source_size, fused.tail
-            elif out is None:
-                image = self._finish(fused, pixels)
-        elif layout.wants_image or layout.annotations:
-            image = self._image(index)
-            source_size = image_size(image)
-            transforms = () if self.transform is None else (self.transform,)
-            if not layout.annotations and self.transform is not None:
-                with timed("transform"):  # with annotations, the transform moves them too (below)
-                    image = self.transform(image)
-        with timed("read"):
-            values = reader.read(index, source_size)
-        if layout.annotations:
-            with timed("transform"):
-                image = reader.move(values, image, plan, transforms)
-        for output in layout.outputs:
-            if output.role == "image":
-                values[output.name] = image
-            elif output.role == "label":
-                values[output.name] = self._label(index)
-        return layout.assemble(values)
-
-
-def _tensor(image: Any) -> Any:
-    """H×W×3 pixels as a C×H×W tensor (a view); anything else (an encoded image, None) as it is."""
-    return torch.from_numpy(image).permute(2, 0, 1) if isinstance(image, np.ndarray) else image

@@ -15,6 +15,14 @@ reads only what was appended since its last look (linear in bad samples, however
 ``max_errors`` (a count, or a fraction of the dataset when < 1) turns too many bad samples into one
 clear ``TooManyBadSamples`` error. An exclusion list from ``fastloader scan`` marks samples bad
 before they are read.
+
+A sample found bad once stays bad for the run: listed in the quarantine, it is never read again, by any
+worker process (they look at the file before each sample: one ``stat`` while nothing was appended) nor
+in later epochs, so that every epoch holds the same samples (a random crop that happens to miss a
+file's damage does not bring it back). ``skip`` drops it and ``replace`` substitutes it every time;
+``raise`` raises its DecodeError again, naming it, without decoding it again. A quarantine line counts
+for the position only while the key there is still the sample's (a file reused across runs of a dataset
+that changed excludes nothing it should not).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fastloader.errors import TooManyBadSamples
+from fastloader.errors import DecodeError, TooManyBadSamples
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 
@@ -67,15 +75,30 @@ class ErrorPolicy:
             )
         self.excluded = np.unique(np.fromiter(excluded, dtype=np.int64))
         self._found: dict[str, BadSample] = {}  # every bad sample this process knows, by key, in order found
+        self._at: dict[int, BadSample] = {}  # the same, by position: samples never to read again in this run
         self._read_to = 0  # bytes of the quarantine already in _found
 
     def is_excluded(self, index: int) -> bool:
+        """Whether ``index`` is on the exclusion list (``fastloader scan``'s report, or positions)."""
         position = int(np.searchsorted(self.excluded, index))
         return position < self.excluded.size and int(self.excluded[position]) == index
 
-    def excludes_any(self, indices: Sequence[int]) -> bool:
-        """Whether any of ``indices`` is excluded."""
-        return bool(self.excluded.size) and bool(np.isin(np.asarray(indices, np.int64), self.excluded).any())
+    def found_bad(self, index: int, key: Callable[[int], str]) -> BadSample | None:
+        """The quarantine's line for ``index`` when some process found it bad in this run (or a run before that
+        wrote the same quarantine), its key still the sample's; else None."""
+        self._catch_up(if_grown=True)
+        return self._known_bad(index, key)
+
+    def _known_bad(self, index: int, key: Callable[[int], str]) -> BadSample | None:
+        sample = self._at.get(index)
+        return sample if sample is not None and sample.key == _safe_key(key, index) else None
+
+    def excludes_any(self, indices: Sequence[int], key: Callable[[int], str]) -> bool:
+        """Whether any of ``indices`` is excluded or found bad (the batch then goes sample by sample)."""
+        if self.excluded.size and bool(np.isin(np.asarray(indices, np.int64), self.excluded).any()):
+            return True
+        self._catch_up(if_grown=True)  # once for the batch
+        return bool(self._at) and any(self._known_bad(int(index), key) is not None for index in indices)
 
     def record(self, index: int, key: str, error: BaseException | str) -> None:
         """Report a bad sample once (log + quarantine line), then enforce the budget."""
@@ -87,6 +110,7 @@ class ErrorPolicy:
             sample = BadSample(index, key, reason)
             bad_samples.append(self.quarantine, sample)
             self._found[key] = sample
+            self._at.setdefault(index, sample)
         if self.budget is not None and len(self._found) > self.budget:
             first = next(iter(self._found.values()))
             raise TooManyBadSamples(
@@ -99,13 +123,20 @@ class ErrorPolicy:
         self._catch_up()
         return list(self._found.values())
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, if_grown: bool = False) -> None:
         """Take in the lines other processes appended since the last call (whole lines only: one being
-        written, or left half-written by a killed process, waits for its newline)."""
+        written, or left half-written by a killed process, waits for its newline). ``if_grown``: only when
+        the file's size changed (one ``stat``: what every sample pays)."""
+        if if_grown:
+            try:
+                if os.stat(self.quarantine).st_size == self._read_to:
+                    return
+            except FileNotFoundError:
+                return
         try:
             with open(self.quarantine, "rb") as file:
                 if os.fstat(file.fileno()).st_size < self._read_to:  # truncated or replaced: start again
-                    self._found, self._read_to = {}, 0
+                    self._found, self._at, self._read_to = {}, {}, 0
                 file.seek(self._read_to)
                 new = file.read()
         except FileNotFoundError:
@@ -114,6 +145,7 @@ class ErrorPolicy:
         lines = new[:end].decode("utf-8", "surrogateescape").split("\n")
         for sample in bad_samples.parse(lines, self.quarantine, strict=False):
             self._found.setdefault(sample.key, sample)
+            self._at.setdefault(sample.position, sample)
         self._read_to += end
 
     def stats(self) -> dict[str, Any]:
@@ -126,11 +158,11 @@ class ErrorPolicy:
             "quarantine": self.quarantine,
         }
 
-    def substitutes(self, index: int) -> Iterator[int]:
-        """The samples tried in place of a bad ``index``, nearest first, excluded ones left out."""
+    def substitutes(self, index: int, key: Callable[[int], str]) -> Iterator[int]:
+        """The samples tried in place of a bad ``index``, nearest first, excluded and found bad ones left out."""
         for step in range(1, min(_MAX_TRIES, self.length - 1) + 1):
             candidate = (index + step) % self.length
-            if not self.is_excluded(candidate):
+            if not self.is_excluded(candidate) and self.found_bad(candidate, key) is None:
                 yield candidate
 
     def fetch(
@@ -138,12 +170,17 @@ class ErrorPolicy:
     ) -> R | None:
         """``produce(index)`` under the policy: its value, a substitute's (replace, or skip where a
         sample cannot be dropped), None (skip), or raise."""
-        if not self.is_excluded(index):  # listed by `fastloader scan`: not read again
-            try:
-                return produce(index)
-            except Exception as error:  # noqa: BLE001 - any failure of one sample is that sample's, by policy
-                return self.recover(index, key, error, produce, allow_skip)
-        return self._instead(index, key, produce, allow_skip)
+        if self.is_excluded(index):  # listed by `fastloader scan`: not read again
+            return self._instead(index, key, produce, allow_skip)
+        found = self.found_bad(index, key)
+        if found is not None:  # found bad before, by this process or another: not read again either
+            if self.mode == "raise":
+                raise DecodeError(f"{found.key}: found bad earlier in this run ({found.reason}; in {self.quarantine})")
+            return self._instead(index, key, produce, allow_skip)
+        try:
+            return produce(index)
+        except Exception as error:  # noqa: BLE001 - any failure of one sample is that sample's, by policy
+            return self.recover(index, key, error, produce, allow_skip)
 
     def recover(
         self,
@@ -166,7 +203,7 @@ class ErrorPolicy:
     ) -> R | None:
         if self.mode == "skip" and allow_skip:
             return None
-        for candidate in self.substitutes(index):
+        for candidate in self.substitutes(index, key):
             result = self._attempt(candidate, key, produce)
             if result is not None:
                 return result[0]
@@ -176,8 +213,8 @@ class ErrorPolicy:
         )
 
     def _attempt(self, index: int, key: Callable[[int], str], produce: Callable[[int], R]) -> tuple[R] | None:
-        if self.is_excluded(index):
-            return None  # listed by `fastloader scan`: not read again
+        if self.is_excluded(index) or self.found_bad(index, key) is not None:
+            return None  # listed by `fastloader scan`, or found bad: not read again
         try:
             return (produce(index),)
         except Exception as error:  # noqa: BLE001 - any failure of one sample is that sample's, by policy
@@ -188,7 +225,7 @@ class ErrorPolicy:
 
     def __getstate__(self) -> dict[str, Any]:
         # A new process reads the quarantine itself, once: the pickle stays small.
-        return {**self.__dict__, "_found": {}, "_read_to": 0}
+        return {**self.__dict__, "_found": {}, "_at": {}, "_read_to": 0}
 
 
 def _safe_key(key: Callable[[int], str], index: int) -> str:

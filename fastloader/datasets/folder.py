@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -42,6 +43,7 @@ from fastloader.datasets.folder_index import (
     IMG_EXTENSIONS,
     LIST_KIND,
     LIST_SETTINGS,
+    RACY_NS,
     IndexMeta,
     check_lengths,
     default_index_path,
@@ -119,6 +121,20 @@ class _IndexedFiles:
     def labels(self) -> np.ndarray:
         """Every label, int64, read-only and memory-mapped."""
         return self._entries.get().labels
+
+    def content_identity(self, index: int) -> bytes | None:
+        """What changes whenever the file's content does: its size, mtime_ns, ctime_ns, inode and device (one
+        ``stat``; the decoded cache serves its pixels only under it). None, not to be trusted, when the file
+        is missing or was modified less than ``RACY_NS`` ago: an edit within the same clock tick would keep
+        the mtime (see ``folder_index``)."""
+        try:
+            found = os.stat(self.path(index))
+        except (OSError, ValueError):  # the read that follows names the error
+            return None
+        if time.time_ns() - found.st_mtime_ns < RACY_NS:
+            return None
+        fields = (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino, found.st_dev)
+        return b"|".join(str(field).encode() for field in fields)
 
     def read(self, index: int) -> bytes:
         path = self.path(index)

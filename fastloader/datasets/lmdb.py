@@ -219,6 +219,15 @@ class LMDBSource:
             self._last = (index, bytes(records.fields_section(value, header)))
             return bytes(memoryview(value)[records.HEADER.size : records.HEADER.size + header.length])
 
+    def content_identity(self, index: int) -> bytes | None:
+        """The record's header (its label, length and the CRC32C of its bytes): what the decoded cache checks
+        before serving the item's pixels, read without copying the image. None for a missing record (the read
+        names it)."""
+        index = self._check(index)
+        with self._local.get().env.begin(buffers=True) as txn:
+            value = txn.get(records.record_key(index))
+            return None if value is None else bytes(value[: records.HEADER.size])
+
     def _header(self, value: memoryview, index: int) -> records.RecordHeader:
         header = records.parse_header(value, self.key(index))
         if self.verify_checksums and records.record_checksum(value) != header.checksum:

@@ -16,7 +16,10 @@ The catalog keeps them as the shard indexes do: CSR arrays ``member_starts`` / `
 ``pread``. Members with a label extension (``cls``, ``cls2``, ``class``, ``label``) are never fields.
 
 ``pattern`` may also be the output directory of ``fastloader pack --format tar``; its manifest
-gives the shard list, the class names and the fields' original names and kinds.
+gives the shard list, the class names and the fields' original names and kinds, and (packs of
+version 3) each shard's size and SHA-256: at open, a shard whose size, or whose hash as its index
+recorded it from the shard's bytes, differs from the manifest's is a FormatError naming it (see
+``fastloader.formats.tar_content`` for what is checked when).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.remote_tar import DEFAULT_SHARD_CACHE_LIMIT, RemoteTarShardSource
@@ -35,6 +38,7 @@ from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
 from fastloader.formats.patterns import expand_pattern
+from fastloader.formats.tar_content import Expected
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
 from fastloader.formats.tar_shards import IMAGE_EXTS, load_shard_index
 from fastloader.image.pil import decode_pil
@@ -42,15 +46,23 @@ from fastloader.remote.patterns import is_remote_pattern
 from fastloader.storage import cache_dir
 
 
-def _shard_list(
-    pattern: str | os.PathLike[str] | list[str],
-) -> tuple[list[str], list[str] | None, dict[str, FieldMember]]:
-    """The shard paths a pattern (or a pack directory) names, and the class names and fields a pack records."""
+class _ShardList(NamedTuple):
+    paths: list[str]
+    classes: list[str] | None
+    fields: dict[str, FieldMember]
+    expected: list[Expected] | None  # what a pack's manifest records of each shard's bytes
+
+
+def _shard_list(pattern: str | os.PathLike[str] | list[str]) -> _ShardList:
+    """The shard paths a pattern (or a pack directory) names, and the class names, fields and shard hashes a
+    pack records."""
     if not isinstance(pattern, list) and os.path.isdir(pattern):
         state = TarPackState.read_manifest(pattern)
         shards = [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards]
-        return shards, state.classes, state.fields
-    return expand_pattern(pattern), None, {}
+        hashed = all(shard.size is not None and shard.sha256 is not None for shard in state.shards)
+        expected = [Expected(int(s.size or 0), str(s.sha256)) for s in state.shards] if hashed else None
+        return _ShardList(shards, state.classes, state.fields, expected)
+    return _ShardList(expand_pattern(pattern), None, {}, None)
 
 
 def _catalog_path(shards: Sequence[str], image_exts: Sequence[str]) -> Path:
@@ -64,37 +76,53 @@ def _shard_stats(shards: Sequence[str]) -> list[list[Any]]:
 
 
 def _build_catalog(
-    path: Path, shards: Sequence[str], image_exts: Sequence[str], index_paths: Sequence[str] | None
+    path: Path,
+    shards: Sequence[str],
+    image_exts: Sequence[str],
+    index_paths: Sequence[str] | None,
+    expected: Sequence[Expected] | None,
 ) -> None:
-    indexes = [load_shard_index(s, index_paths[i] if index_paths else None, image_exts) for i, s in enumerate(shards)]
+    indexes = [
+        load_shard_index(s, index_paths[i] if index_paths else None, image_exts, expected[i] if expected else None)
+        for i, s in enumerate(shards)
+    ]
     # The shard states actually indexed, so that a shard changed meanwhile triggers a rebuild.
     identities = [
         [os.path.abspath(s), index.meta["shard_size"], index.meta["shard_mtime_ns"]]
         for s, index in zip(shards, indexes)
     ]
-    write_catalog(path, indexes, identities, image_exts)
+    hashes = [index.meta.get("content_sha256") for index in indexes]
+    write_catalog(path, indexes, identities, image_exts, {"content_sha256": hashes})
 
 
-def _current_catalog(path: Path, stats: list[list[Any]]) -> IndexFile | None:
+def _current_catalog(path: Path, stats: list[list[Any]], expected: Sequence[Expected] | None) -> IndexFile | None:
     try:
         catalog = read_index(path, CATALOG_KIND, CATALOG_VERSION)
     except (FileNotFoundError, FormatError):
         return None
-    return catalog if catalog.meta.get("shards") == stats else None
+    if catalog.meta.get("shards") != stats:
+        return None
+    if expected is not None and catalog.meta.get("content_sha256") != [shard.sha256 for shard in expected]:
+        return None  # built for other bytes, or without hashes: the shard indexes say which shard differs
+    return catalog
 
 
 def load_catalog(
-    shards: Sequence[str], image_exts: Sequence[str] = IMAGE_EXTS, index_paths: Sequence[str] | None = None
+    shards: Sequence[str],
+    image_exts: Sequence[str] = IMAGE_EXTS,
+    index_paths: Sequence[str] | None = None,
+    expected: Sequence[Expected] | None = None,
 ) -> IndexFile:
-    """The catalog of ``shards``: read when every shard is unchanged, else built (once, under a lock)."""
+    """The catalog of ``shards``: read when every shard is unchanged, else built (once, under a lock).
+    ``expected``: each shard as a pack's manifest records it (a shard that differs: a FormatError naming it)."""
     path = _catalog_path(shards, image_exts)
     stats = _shard_stats(shards)
 
     def build() -> IndexFile:
-        _build_catalog(path, shards, image_exts, index_paths)
+        _build_catalog(path, shards, image_exts, index_paths, expected)
         return read_index(path, CATALOG_KIND, CATALOG_VERSION)
 
-    return cached_index(path, lambda: _current_catalog(path, stats), build)
+    return cached_index(path, lambda: _current_catalog(path, stats, expected), build)
 
 
 class TarShardSource(CatalogSource):
@@ -116,12 +144,13 @@ class TarShardSource(CatalogSource):
         self.image_exts = IMAGE_EXTS if image_exts is None else tuple(e.lower().lstrip(".") for e in image_exts)
         if not self.image_exts or not all(self.image_exts):
             raise ValueError(f"image_exts must name at least one extension, got {image_exts!r}")
-        self.shards, self.classes, recorded = _shard_list(pattern)
+        listed = _shard_list(pattern)
+        self.shards, self.classes = listed.paths, listed.classes
         paths = None if index_paths is None else [os.fspath(p) for p in index_paths]
         if paths is not None and len(paths) != len(self.shards):
             raise ValueError(f"index_paths has {len(paths)} entries for {len(self.shards)} shards")
-        catalog = load_catalog(self.shards, self.image_exts, paths)
-        self._attach(catalog, tuple(self.shards).__getitem__, recorded)
+        catalog = load_catalog(self.shards, self.image_exts, paths, listed.expected)
+        self._attach(catalog, tuple(self.shards).__getitem__, listed.fields)
 
 
 class TarShardDataset(ImageDataset[Any]):

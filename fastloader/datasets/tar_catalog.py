@@ -47,7 +47,13 @@ def _concat_offsets(parts: Sequence[tuple[np.ndarray, int]]) -> np.ndarray:
     return np.concatenate(joined)
 
 
-def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any], image_exts: Sequence[str]) -> None:
+def write_catalog(
+    path: Path,
+    indexes: Sequence[IndexFile],
+    identities: list[Any],
+    image_exts: Sequence[str],
+    extra_meta: Mapping[str, Any] | None = None,
+) -> None:
     """One catalog of the shard ``indexes`` (in order); ``identities`` say which shard states they index.
     Each index is checked first (a lying one is a FormatError naming it, never a misread shard)."""
     for index in indexes:
@@ -101,6 +107,7 @@ def write_catalog(path: Path, indexes: Sequence[IndexFile], identities: list[Any
         "member_exts": list(member_exts),
         "no_image": sum(int(index.meta["no_image"]) for index in indexes),
         "ignored": sum(int(index.meta["ignored"]) for index in indexes),
+        **(extra_meta or {}),
     }
     write_index(path, CATALOG_KIND, CATALOG_VERSION, meta, arrays)
 

@@ -11,8 +11,10 @@ the same JSON object (indented by one space), with these keys common to every fo
 ``position``
     the first source position not yet durable: where a resumed run continues.
 ``shards``
-    the completed data files, in order: ``{"name", "count", "end_position"}`` each (its file name,
-    beside the manifest; its samples; the source position just after its last sample).
+    the completed data files, in order: ``{"name", "count", "end_position", "size", "sha256"}`` each
+    (its file name, beside the manifest; its samples; the source position just after its last sample;
+    its size in bytes and the SHA-256 of its bytes, hex). Packs written before content hashes
+    (tar v1-v2, Parquet v1) have no ``size`` / ``sha256``: null when read.
 ``skipped``
     the source items skipped: ``{"position", "key", "reason"}`` each.
 ``complete``
@@ -55,11 +57,14 @@ StateT = TypeVar("StateT", bound="PackState")
 
 @dataclass(frozen=True)
 class ShardRecord:
-    """A completed data file: its file name, samples, and the source position just after its last sample."""
+    """A completed data file: its file name, samples, the source position just after its last sample, and
+    its size and the SHA-256 of its bytes (None in a pack written before they were recorded)."""
 
     name: str
     count: int
     end_position: int
+    size: int | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +102,8 @@ class PackState:
 
     def to_json(self) -> bytes:
         raw = dataclasses.asdict(self) | {"format": self.FORMAT, "version": self.VERSIONS[-1], "count": self.count}
+        # A file recorded without its content (the state of an older pack, resumed) keeps no null keys.
+        raw["shards"] = [{k: v for k, v in shard.items() if v is not None} for shard in raw["shards"]]
         return json.dumps({key: raw[key] for key in self.KEYS}, indent=1).encode()
 
     @classmethod
@@ -152,6 +159,10 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(char in "0123456789abcdef" for char in value)
+
+
 def _check_positions(state: PackState, path: Path) -> None:
     """Refuse a state whose shards and skipped items do not account for each position once (module doc)."""
     if not _is_count(state.position):
@@ -170,6 +181,10 @@ def _check_positions(state: PackState, path: Path) -> None:
         seen.add(shard.name)
         if not _is_count(shard.count):
             raise FormatError(f"{where}: bad count {shard.count!r}")
+        if (shard.size is None) != (shard.sha256 is None) or not (shard.size is None or _is_count(shard.size)):
+            raise FormatError(f"{where}: bad size {shard.size!r} or sha256 {shard.sha256!r}")
+        if shard.sha256 is not None and not _is_sha256(shard.sha256):
+            raise FormatError(f"{where}: bad sha256 {shard.sha256!r}")
         end = shard.end_position
         if not _is_count(end) or not start < end <= state.position:
             raise FormatError(

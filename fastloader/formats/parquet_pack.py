@@ -12,8 +12,8 @@ The manifest's name starts with ``_`` so that Parquet readers of the directory (
 Spark, DuckDB) skip it as they skip ``_SUCCESS``: ``pandas.read_parquet(DST)`` reads the pack.
 Both are the JSON object of :mod:`fastloader.formats.pack_state`, with its keys in this order:
 ``fingerprint``, ``created``, ``fields`` (the pack's fields, name -> kind), ``position``, ``shards``,
-``skipped``, ``complete``, ``classes``, ``meta``, ``format`` (``fastloader-parquet``), ``version`` (1),
-``count``.
+``skipped``, ``complete``, ``classes``, ``meta``, ``format`` (``fastloader-parquet``), ``version`` (2),
+``count``. Version 2 added each file's ``size`` and ``sha256`` (of its bytes), checked by ``verify``.
 
 Columns of every file, in order: ``key`` (string: the item's key in the packed source), ``image``
 (binary: the encoded image), ``label`` (int64, -1 for none), then one column per field, named as
@@ -54,7 +54,8 @@ from fastloader.formats.pack_state import PackState
 MANIFEST_NAME = "_fastloader-parquet.json"
 PROGRESS_NAME = "_fastloader-parquet.progress.json"
 PACK_FORMAT = "fastloader-parquet"
-PACK_VERSION = 1
+PACK_VERSION = 2
+FILE_VERSION = 1  # of each file's schema metadata (the files did not change when the manifest did)
 SCHEMA_META_KEY = b"fastloader"  # the key of each file's schema metadata
 PART_PREFIX = "part"
 KEY_COLUMN, IMAGE_COLUMN, LABEL_COLUMN = "key", "image", "label"
@@ -95,7 +96,7 @@ class ParquetPackState(PackState):
     MANIFEST_NAME: ClassVar[str] = MANIFEST_NAME
     PROGRESS_NAME: ClassVar[str] = PROGRESS_NAME
     FORMAT: ClassVar[str] = PACK_FORMAT
-    VERSIONS: ClassVar[tuple[int, ...]] = (PACK_VERSION,)
+    VERSIONS: ClassVar[tuple[int, ...]] = (1, PACK_VERSION)  # 1: before content hashes
     KEYS: ClassVar[tuple[str, ...]] = tuple(
         "fingerprint created fields position shards skipped complete classes meta format version count".split()
     )

@@ -43,6 +43,8 @@ def check_shard_index(index: IndexFile) -> None:
     check_codes(index, "member_ext", np.int32, members, len(member_exts))
     check_spans(index, "member_offset", "member_size", members, shard_size)
     _check_blocks(index, "member_offset")
+    if "member_digest" in index.arrays:
+        require_array(index, "member_digest", np.uint64)
     if "source_key_blob" in index.arrays or "source_key_offsets" in index.arrays:
         check_csr(index, "source_key_offsets", samples, len(require_array(index, "source_key_blob", np.uint8)))
 

@@ -7,7 +7,11 @@ Read by the tar dataset and ``verify``, written by the pack's tar sink.
 Both are the JSON object of :mod:`fastloader.formats.pack_state`, with its keys in this order:
 ``fingerprint``, ``prefix`` (of the shard names, ``{prefix}-NNNNNN.tar``), ``created`` (also the mtime
 of every member), ``position``, ``shards``, ``skipped``, ``complete``, ``classes``, ``meta``, ``fields``,
-``format`` (``fastloader-tar``), ``version`` (2), ``count``. Version 2 added ``fields``, the pack's
+``format`` (``fastloader-tar``), ``version`` (3), ``count``. Version 3 added each shard's ``size`` and
+``sha256`` (of its bytes); each shard's index then also holds ``content_sha256`` (its meta) and the
+digest of every member (``member_digest``, see :mod:`fastloader.formats.tar_shards`), so that
+``verify`` names a changed member and a reader refuses a shard the manifest does not list. Version
+2 added ``fields``, the pack's
 fields (``fastloader.fields``) by their original names: ``{"name": {"kind": ..., "extension": ...}}``;
 each sample's value of a field is its member ``{sample}.{extension}``, holding the kind's canonical
 bytes (``encode_value``). Version 1 manifests (packs without fields) still read, with no fields.
@@ -41,7 +45,7 @@ from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS
 MANIFEST_NAME = "fastloader-tar.json"
 PROGRESS_NAME = "fastloader-tar.progress.json"
 PACK_FORMAT = "fastloader-tar"
-PACK_VERSION = 2
+PACK_VERSION = 3
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 _KIND_SUFFIX = {"text": "txt", "json": "json", "int": "cls", "array": "npy", "bytes": "bin"}
 _RESERVED = frozenset(IMAGE_EXTS + LABEL_EXTS)
@@ -94,7 +98,7 @@ class TarPackState(PackState):
     MANIFEST_NAME: ClassVar[str] = MANIFEST_NAME
     PROGRESS_NAME: ClassVar[str] = PROGRESS_NAME
     FORMAT: ClassVar[str] = PACK_FORMAT
-    VERSIONS: ClassVar[tuple[int, ...]] = (1, PACK_VERSION)  # 1: before fields
+    VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, PACK_VERSION)  # 1: before fields; 2: before content hashes
     KEYS: ClassVar[tuple[str, ...]] = tuple(
         "fingerprint prefix created position shards skipped complete classes meta fields format version count".split()
     )

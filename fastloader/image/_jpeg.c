@@ -4,8 +4,13 @@
  * A training crop covers about half of a photo, so decoding only the crop region saves most of the
  * decode: jpeg_crop_scanline() limits IDCT, upsampling and colour conversion to the iMCU columns of
  * the crop, jpeg_skip_scanlines() skips that work for rows above it (they are still entropy-decoded:
- * Huffman data cannot be skipped), and stopping after the last row needed leaves the rows below
- * undecoded. DCT scaling (scale_denom 2/4/8) composes with all three.
+ * Huffman data cannot be skipped), and the rows below it are skipped the same way: entropy-decoded only, so
+ * that a file cut short is refused whatever the crop. DCT scaling (scale_denom 2/4/8) composes with all three.
+ *
+ * Bad data: libjpeg's warnings that mean lost pixels (premature end, a marker inside the data, bad codes)
+ * are errors here (on_message()), as is arithmetic-coded data that ends rows early (check_arith_end()),
+ * a file of more than MAX_SCANS scans (counted before decoding) and one of more than MAX_PIXELS pixels.
+ * Callers treat every such refusal as a bad file: none goes on to a more lenient decoder.
  *
  * Exactness: every pixel returned equals the same pixel of a full decode at the same scale (what PIL
  * produces with the same libjpeg). The one place cropping changes pixels is fancy (triangle) chroma
@@ -45,16 +50,19 @@
 #if JPEG_LIB_VERSION >= 70
 #define COMP_H_SCALED(c) ((c)->DCT_h_scaled_size)
 #define MIN_H_SCALED(ci) ((ci)->min_DCT_h_scaled_size)
+#define MIN_V_SCALED(ci) ((ci)->min_DCT_v_scaled_size)
 #else
 #define COMP_H_SCALED(c) ((c)->DCT_scaled_size)
 #define MIN_H_SCALED(ci) ((ci)->min_DCT_scaled_size)
+#define MIN_V_SCALED(ci) ((ci)->min_DCT_scaled_size)
 #endif
 
 /* Decompression bombs: a few hundred bytes can declare 65500x65500 pixels. Checked on the header, before
  * libjpeg allocates anything image-sized (a progressive image's coefficient buffer is 2-6 bytes/pixel). */
 #define MAX_PIXELS ((uint64_t)1 << 28)
 /* A progressive file can hold thousands of tiny scans, each a full pass over the coefficient buffer (the
- * "Two Issues with the JPEG Standard" DoS). TurboJPEG's scan limit uses the same default. */
+ * "Two Issues with the JPEG Standard" DoS). TurboJPEG's scan limit uses the same default. The scans are
+ * counted from the file's markers before any is decoded (count_scans()), so a refusal costs no decode. */
 #define MAX_SCANS 500
 
 enum { FAIL_CORRUPT = 1, FAIL_UNSUPPORTED, FAIL_ARGUMENT };
@@ -75,6 +83,7 @@ typedef struct {
     Py_ssize_t x0, y0, x1, y1;
     int full_box, scale, fast;
     int bpp; /* bytes per output pixel: 3 (RGB) or 4 (RGBX, which PIL maps without a copy) */
+    int watch_end; /* a single arithmetic-coded scan: where its data ends is checked (check_arith_end()) */
     /* Plan, in scaled pixels: rows [row0, row1) of the scaled image; returned columns [ox, ox + out_w);
      * the decoder delivers rows of dec_w pixels of which `drop` leading ones are not returned. */
     JDIMENSION row0, row1, ox, out_w, dec_w, drop;
@@ -138,6 +147,28 @@ static void on_progress(j_common_ptr cinfo) {
         snprintf(message, sizeof message, "JPEG decode failed: more than %d scans (progressive DoS)", MAX_SCANS);
         fail(job, FAIL_CORRUPT, message);
     }
+}
+
+/* The scans of a multi-scan file, counted from its markers (a pass over the bytes, no decoding), from `p`: the
+ * entropy-coded data of the first scan, where jpeg_read_header() stops. Stops counting past `limit`. In
+ * entropy-coded data 0xFF is followed by a stuffed 0x00 or a restart marker; any other marker ends it, and
+ * marker segments are skipped by their length (a table's bytes are never read as markers). */
+static int count_scans(const unsigned char *p, const unsigned char *end, int limit) {
+    int scans = 1;
+    while (p < end && scans <= limit) {
+        unsigned int marker;
+        p = memchr(p, 0xFF, (size_t)(end - p));
+        if (p == NULL) break;
+        while (p + 1 < end && p[1] == 0xFF) p++; /* fill bytes */
+        if (p + 1 >= end) break;
+        marker = p[1];
+        p += 2;
+        if (marker == 0x00 || (marker >= 0xD0 && marker <= 0xD7) || marker == 0x01 || marker == 0xD8) continue;
+        if (marker == 0xD9 || p + 2 > end) break; /* EOI */
+        if (marker == 0xDA) scans++;
+        p += ((size_t)p[0] << 8) | p[1]; /* the segment, its length bytes included; SOS: its header */
+    }
+    return scans;
 }
 
 /* Must run inside a phase (the error manager's jmp_buf is armed there). */
@@ -263,6 +294,13 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
                  cinfo->image_width, cinfo->image_height, (unsigned long long)MAX_PIXELS);
         fail(job, FAIL_CORRUPT, message);
     }
+    if (jpeg_has_multiple_scans(cinfo)) {
+        const unsigned char *next = cinfo->src->next_input_byte;
+        if (count_scans(next, next + cinfo->src->bytes_in_buffer, MAX_SCANS) > MAX_SCANS) {
+            snprintf(message, sizeof message, "JPEG decode failed: more than %d scans (progressive DoS)", MAX_SCANS);
+            fail(job, FAIL_CORRUPT, message);
+        }
+    }
     switch (cinfo->jpeg_color_space) {
     case JCS_GRAYSCALE: /* libjpeg-turbo expands gray to RGB itself */
     case JCS_YCbCr:
@@ -292,6 +330,7 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
         cinfo->dct_method = JDCT_IFAST;
         cinfo->do_fancy_upsampling = FALSE;
     }
+    job->watch_end = cinfo->arith_code && !jpeg_has_multiple_scans(cinfo);
     jpeg_start_decompress(cinfo);
     if (cinfo->output_components != job->bpp) fail(job, FAIL_UNSUPPORTED, "JPEG decoder did not produce RGB");
 
@@ -318,7 +357,66 @@ static void start_job(Job *job, const unsigned char *data, size_t size) {
 #define BATCH_ROWS 16
 #define LEAD 4 /* bytes before the first row in the output buffer (one pixel): see read_rows() */
 
-/* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), stop.
+/* Arithmetic decoding reads zeros once its data meets a marker: legal at the end of a scan (the encoder drops
+ * its final zero bytes), so a file cut short and closed with an EOI decodes to invented rows, and libjpeg warns
+ * of nothing. A marker other than a restart met while whole iMCU rows are still to decode is taken for that cut.
+ * A sequential scan only (job->watch_end): a progressive scan may be nearly empty by right. The price: a
+ * sequential arithmetic-coded file whose last iMCU rows take no bytes at all (a flat band) is refused too. */
+static void check_arith_end(Job *job) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    int marker = cinfo->unread_marker;
+    char message[160];
+    if (!job->watch_end || marker == 0 || (marker >= 0xD0 && marker <= 0xD7)) return;
+    if (cinfo->input_iMCU_row < cinfo->total_iMCU_rows) {
+        snprintf(message, sizeof message,
+                 "JPEG decode failed: arithmetic-coded data ends at iMCU row %u of %u"
+                 " (truncated, or its last rows one flat colour)",
+                 cinfo->input_iMCU_row, cinfo->total_iMCU_rows);
+        fail(job, FAIL_CORRUPT, message);
+    }
+}
+
+/* jpeg_skip_scanlines(), one iMCU row at a time where the end of the data is watched. */
+static void skip_rows(Job *job, JDIMENSION count) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    JDIMENSION step = job->watch_end ? (JDIMENSION)MIN_V_SCALED(cinfo) * cinfo->max_v_samp_factor : count;
+    while (count > 0) {
+        JDIMENSION k = count < step ? count : step;
+        if (jpeg_skip_scanlines(cinfo, k) != k) fail(job, FAIL_CORRUPT, "JPEG decode failed: could not skip rows");
+        check_arith_end(job);
+        count -= k;
+    }
+}
+
+/* One row into `row`, discarded. */
+static void discard_row(Job *job, JSAMPROW row, int *stalls) {
+    if (jpeg_read_scanlines(&job->cinfo, &row, 1) == 0 && ++*stalls > 16)
+        fail(job, FAIL_CORRUPT, "JPEG decode failed: decoder made no progress");
+    check_arith_end(job);
+}
+
+/* The rows below the box are entropy-decoded too (skipped: no IDCT, upsampling or colour conversion), so that a
+ * file cut anywhere is refused whatever the crop: the same file is bad for every crop, in every epoch. The skip
+ * starts at an iMCU row's first row (rows are read to it: the merged upsampler holds the second row of a pair,
+ * and libjpeg-turbo 2.1 skips from there into an extra iMCU row, past the data). Skipping to the last row would
+ * decode nothing (libjpeg then just ends the pass), so the last two iMCU rows are read too, into `scratch` (a
+ * row of dec_w pixels). A multi-scan file was wholly entropy-decoded by jpeg_start_decompress(). */
+static void finish_rows(Job *job, unsigned char *scratch) {
+    j_decompress_ptr cinfo = &job->cinfo;
+    JDIMENSION imcu = (JDIMENSION)MIN_V_SCALED(cinfo) * cinfo->max_v_samp_factor, left, tail;
+    int stalls = 0;
+
+    if (cinfo->output_scanline >= cinfo->output_height || jpeg_has_multiple_scans(cinfo)) return;
+    while (cinfo->output_scanline % imcu && cinfo->output_scanline < cinfo->output_height)
+        discard_row(job, scratch, &stalls);
+    left = cinfo->output_height - cinfo->output_scanline;
+    tail = left < 2 * imcu ? left : 2 * imcu;
+    skip_rows(job, left - tail);
+    while (cinfo->output_scanline < cinfo->output_height) discard_row(job, scratch, &stalls);
+}
+
+/* Skip to the first row, decode the rows into out (rows of out_w pixels, packed), then entropy-decode the
+ * rest (finish_rows()).
  *
  * Copies are what this avoids: decoding into a scratch buffer and copying rows out costs ~15% of a
  * decode (measured), more than anything cropping saves on a typical crop. So rows are decoded in place:
@@ -337,8 +435,7 @@ static void read_rows(Job *job, unsigned char *out) {
     int stalls = 0;
 
     batch = (job->dec_w == job->out_w && !shift) ? BATCH_ROWS : 1;
-    if (job->row0 > 0 && jpeg_skip_scanlines(cinfo, job->row0) != job->row0)
-        fail(job, FAIL_CORRUPT, "JPEG decode failed: could not skip to the first row");
+    skip_rows(job, job->row0);
     while (r < rows) {
         JDIMENSION want = rows - r < batch ? rows - r : batch;
         for (k = 0; k < want; k++) pointers[k] = out + (size_t)(r + k) * stride - shift;
@@ -350,9 +447,11 @@ static void read_rows(Job *job, unsigned char *out) {
             if (++stalls > 16) fail(job, FAIL_CORRUPT, "JPEG decode failed: decoder made no progress");
             continue;
         }
+        check_arith_end(job);
         r += got;
     }
-    /* Rows below the box are never decoded; destroying the decompressor (close_job) aborts it. */
+    /* The slack after the last row (full_row_bytes, at least a decoded row) serves as the scratch row. */
+    finish_rows(job, out + (size_t)rows * stride);
 }
 
 /* The two phases run without the GIL; between them the caller allocates the output with it. Each arms
@@ -535,6 +634,43 @@ static int valid_scale_and_filter(int scale, int filter) {
     return 0;
 }
 
+/* No side of a JPEG is longer (libjpeg's limit is 65,500): a source reaching past it is in no image. */
+#define MAX_SIDE 65536
+
+/* source resized to out_w x out_h: finite, not empty, inside the largest image, and planned in at most
+ * FL_MAX_AXIS_WEIGHTS weights an axis (a huge box or output would have the plan run out of memory). A
+ * pixel more than the box's width and height: a crop's rounding, the float box's. `what`: the call, or
+ * the call and the job. 1, or 0 with ValueError set. */
+static int valid_source(const double source[4], int out_w, int out_h, int filter, const char *what) {
+    char message[320]; /* PyErr_Format has no float formats */
+    const char *axis = NULL;
+    int i;
+    for (i = 0; i < 4 && isfinite(source[i]); i++) {}
+    if (i < 4 || !(source[0] < source[2]) || !(source[1] < source[3])) {
+        snprintf(message, sizeof message, "%s: source (%g, %g, %g, %g) is not a box (x0 < x1, y0 < y1, finite)",
+                 what, source[0], source[1], source[2], source[3]);
+        PyErr_SetString(PyExc_ValueError, message);
+        return 0;
+    }
+    if (source[2] > MAX_SIDE || source[3] > MAX_SIDE) {
+        snprintf(message, sizeof message, "%s: source (%g, %g, %g, %g) reaches past %d pixels, the longest side "
+                 "of any JPEG", what, source[0], source[1], source[2], source[3], MAX_SIDE);
+        PyErr_SetString(PyExc_ValueError, message);
+        return 0;
+    }
+    if (fl_axis_weights(source[2] - source[0] + 1.0, out_w, filter) > FL_MAX_AXIS_WEIGHTS)
+        axis = "x";
+    else if (fl_axis_weights(source[3] - source[1] + 1.0, out_h, filter) > FL_MAX_AXIS_WEIGHTS)
+        axis = "y";
+    if (axis == NULL) return 1;
+    snprintf(message, sizeof message,
+             "%s: source (%g, %g, %g, %g) resized to %dx%d takes more than %zu filter weights along %s, the "
+             "limit of an axis",
+             what, source[0], source[1], source[2], source[3], out_w, out_h, FL_MAX_AXIS_WEIGHTS, axis);
+    PyErr_SetString(PyExc_ValueError, message);
+    return 0;
+}
+
 /* A writable uint8 buffer of `ndim` dimensions, the last two (W, 3) with packed pixels. */
 static int get_pixels(PyObject *out, Py_buffer *target, int ndim, const char *what) {
     int d;
@@ -563,6 +699,11 @@ static PyObject *jpeg_decode_resized(PyObject *self, PyObject *args) {
                           &scale, &fast, &source[0], &source[1], &source[2], &source[3], &crop, &out, &flip, &filter))
         return NULL;
     if (!valid_scale_and_filter(scale, filter) || !get_pixels(out, &target, 3, "out")) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (!valid_source(source, (int)target.shape[1], (int)target.shape[0], filter, "decode_resized")) {
+        PyBuffer_Release(&target);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -615,6 +756,7 @@ static void batch_job(Job *job, const BatchImage *image, int fast) {
 /* Parse jobs[i] into image (with the GIL): 1, or 0 with a Python error set. */
 static int parse_batch_image(PyObject *job, Py_ssize_t i, const Py_buffer *target, BatchImage *image) {
     Py_ssize_t slot, rect[4];
+    char what[64];
     if (!PyTuple_Check(job)) {
         PyErr_Format(PyExc_TypeError, "decode_resized_batch: job %zd is not a tuple", i);
         return 0;
@@ -635,6 +777,8 @@ static int parse_batch_image(PyObject *job, Py_ssize_t i, const Py_buffer *targe
     image->dst = (unsigned char *)target->buf + slot * target->strides[0] + rect[1] * target->strides[1] + rect[0] * 3;
     image->out_w = (int)(rect[2] - rect[0]);
     image->out_h = (int)(rect[3] - rect[1]);
+    snprintf(what, sizeof what, "decode_resized_batch: job %zd", i);
+    if (!valid_source(image->source, image->out_w, image->out_h, image->filter, what)) goto bad;
     return 1;
 bad:
     PyBuffer_Release(&image->view);
@@ -687,7 +831,7 @@ static Py_ssize_t start_helpers(BatchRun *run, pthread_t *helpers, int wanted) {
 PyDoc_STRVAR(decode_resized_batch_doc,
              "decode_resized_batch(jobs, out, fast, threads=1) -> [(position, unsupported, message), ...]\n\n"
              "decode_resized for a whole batch without the GIL in between, on `threads` threads (the caller's and "
-             "helpers started for the call). out: a writable uint8 (N, H, W, 3) "
+             "helpers started for the call). jobs: a sequence (copied first). out: a writable uint8 (N, H, W, 3) "
              "buffer with packed pixels. Each job: (data, box, scale_denom, source, crop, slot, rect, flip, filter), "
              "as decode_resized's arguments, the image going to out[slot] at rect=(u0, v0, u1, v1) (already "
              "mirrored for flip). Returns the jobs whose data libjpeg refused (unsupported: True for JPEG variants "
@@ -695,7 +839,7 @@ PyDoc_STRVAR(decode_resized_batch_doc,
              "a job miss its source (a planning bug).");
 
 static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
-    PyObject *jobs, *out, *result = NULL;
+    PyObject *job_list, *jobs, *out, *result = NULL;
     Py_buffer target;
     BatchImage *images;
     BatchRun run = {0};
@@ -704,21 +848,29 @@ static PyObject *jpeg_decode_resized_batch(PyObject *self, PyObject *args) {
     int fast, threads = 1;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "O!Op|i:decode_resized_batch", &PyList_Type, &jobs, &out, &fast, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOp|i:decode_resized_batch", &job_list, &out, &fast, &threads)) return NULL;
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "decode_resized_batch: threads must be 1 to %d, got %d", MAX_THREADS, threads);
         return NULL;
     }
-    if (!get_pixels(out, &target, 4, "out")) return NULL;
-    count = PyList_GET_SIZE(jobs);
+    /* The jobs as a tuple of our own, held to the end: reading a job's fields can run Python (an __index__,
+     * a __float__) that changes the caller's list, and the jobs it held would go with it. */
+    jobs = PySequence_Tuple(job_list);
+    if (jobs == NULL) return NULL;
+    if (!get_pixels(out, &target, 4, "out")) {
+        Py_DECREF(jobs);
+        return NULL;
+    }
+    count = PyTuple_GET_SIZE(jobs);
     images = PyMem_Calloc(count ? (size_t)count : 1, sizeof *images);
     if (images == NULL) {
         PyBuffer_Release(&target);
+        Py_DECREF(jobs);
         return PyErr_NoMemory();
     }
-    /* The list holds every job's bytes: their buffers stay valid while the GIL is released. */
+    /* Each job's buffer view holds its bytes: valid while the GIL is released. */
     for (; parsed < count; parsed++)
-        if (!parse_batch_image(PyList_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
+        if (!parse_batch_image(PyTuple_GET_ITEM(jobs, parsed), parsed, &target, &images[parsed])) goto done;
 
     run.images = images;
     run.count = count;
@@ -756,7 +908,26 @@ done:
     for (i = 0; i < parsed; i++) PyBuffer_Release(&images[i].view);
     PyMem_Free(images);
     PyBuffer_Release(&target);
+    Py_DECREF(jobs);
     return result;
+}
+
+PyDoc_STRVAR(set_pass_order_doc,
+             "set_pass_order(order) -> previous order\n\n"
+             "Which resize pass runs first where both change the image, as the PIL matched runs them: 0 the "
+             "horizontal always (Pillow-SIMD, Pillow before 13), 1 the vertical when the height loses more pixels "
+             "than twice what the width loses (Pillow 13). For every thread; set it before resizing.");
+
+static PyObject *jpeg_set_pass_order(PyObject *self, PyObject *args) {
+    int order, previous = fl_resample_order();
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i:set_pass_order", &order)) return NULL;
+    if (order < 0 || order >= FL_ORDERS) {
+        PyErr_Format(PyExc_ValueError, "set_pass_order: order must be 0 to %d, got %d", FL_ORDERS - 1, order);
+        return NULL;
+    }
+    fl_resample_set_order(order);
+    return PyLong_FromLong(previous);
 }
 
 /* ---- packing a resized image into its batch slot ---- */
@@ -874,6 +1045,7 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"decode_resized", jpeg_decode_resized, METH_VARARGS, decode_resized_doc},
     {"decode_resized_batch", jpeg_decode_resized_batch, METH_VARARGS, decode_resized_batch_doc},
+    {"set_pass_order", jpeg_set_pass_order, METH_VARARGS, set_pass_order_doc},
     {"pack_rgb", pack_rgb, METH_VARARGS, pack_rgb_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -898,6 +1070,7 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
         PyModule_AddIntConstant(m, "MAX_PIXELS", (long)MAX_PIXELS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_AXIS_WEIGHTS", (long)FL_MAX_AXIS_WEIGHTS) < 0 ||
         PyModule_AddIntConstant(m, "RESIZE_SIMD", fl_resample_simd()) < 0) {
         Py_DECREF(m);
         return NULL;

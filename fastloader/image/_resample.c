@@ -9,9 +9,13 @@
  * The arithmetic is PIL's (Pillow's Resample.c, 8 bits a channel), so that the crops and filters mean
  * what they mean to torchvision: for each output pixel the filter, stretched by the downscale factor
  * (antialiasing), is sampled at the input pixel centres its support reaches, clipped to the image, and
- * normalised to sum 1; the horizontal pass runs first over the rows the vertical pass needs, rounding
- * to 8 bits between the passes. Weights are 16-bit fixed point, as Pillow-SIMD keeps them (Pillow's
- * are 32-bit): pixels within a level or two of either's, tested against the PIL installed.
+ * normalised to sum 1; one pass runs over the part of the image the other needs, rounding to 8 bits
+ * between the passes. Which runs first is the PIL's choice, and PILs differ (fl_resample_set_order): the
+ * horizontal always (Pillow-SIMD, Pillow before 13), or the vertical when the height shrinks by more than
+ * twice as many pixels as the width (Pillow 13). The rounding and clipping between the passes make the
+ * orders differ by tens of levels where the filter overshoots (bicubic, Lanczos). Weights are 16-bit
+ * fixed point with as many fractional bits as Pillow-SIMD gives each axis: its pixels exactly. Pillow's
+ * weights have 22 bits: its pixels within two levels (tested against the PIL installed, every filter).
  *
  * Speed: a pass along y is a weighted sum of whole rows, 32 bytes at a time with AVX2 (two rows' bytes
  * interleaved, times their two weights, in one multiply-add), plain C elsewhere; AVX2 is picked at run
@@ -37,10 +41,12 @@
 #define HAVE_AVX2 0
 #endif
 
-/* Weights are fixed-point of 14 fractional bits, so that they fit in 16 bits (a normalised weight stays
- * below 2) and AVX2 multiplies pairs of them by pairs of pixels in one instruction, as Pillow-SIMD does. */
-#define WEIGHT_BITS 14
-#define HALF (1 << (WEIGHT_BITS - 1))
+/* Weights are fixed point in 16 bits, so that AVX2 multiplies pairs of them by pairs of pixels in one
+ * instruction. The fractional bits are chosen per axis as Pillow-SIMD chooses them (so that its integers
+ * are ours): the fewest at which the largest weight, with one bit more, would reach 2^15 (14 for weights
+ * near 1, an upscale's; more for a downscale's smaller ones), at most Pillow's 22. A fixed 14 bits left a
+ * downscale's many small weights coarse: one or two levels off Pillow-SIMD's pixels. */
+#define MAX_WEIGHT_BITS 22
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
@@ -65,7 +71,7 @@ static double hamming_filter(double x) {
     x = fabs(x);
     if (x == 0.0) return 1.0;
     if (x >= 1.0) return 0.0;
-    return sinc(x) * (0.54 + 0.46 * cos(M_PI * x));
+    return sinc(x) * ((double)0.54f + (double)0.46f * cos(M_PI * x)); /* PIL's constants are floats */
 }
 
 static double cubic_filter(double x) { /* Keys' cubic with a = -0.5, PIL's BICUBIC */
@@ -88,11 +94,11 @@ static const struct {
 
 /* ---- the weights of one axis ---- */
 
-/* Output pixel i is the sum over t < count[i] of input pixel first[i] + t times weights[i * taps + t];
- * pairs[i * pair_taps + t / 2] holds weights t and t + 1 as two 16-bit halves (0 past count[i]), as the
- * AVX2 pass multiplies them. */
+/* Output pixel i is the sum over t < count[i] of input pixel first[i] + t times weights[i * taps + t],
+ * shifted right by `bits` (the weights' fractional bits); pairs[i * pair_taps + t / 2] holds weights t and
+ * t + 1 as two 16-bit halves (0 past count[i]), as the AVX2 pass multiplies them. */
 typedef struct {
-    int taps, pair_taps;
+    int taps, pair_taps, bits;
     int *first, *count;
     int32_t *weights;
     uint32_t *pairs;
@@ -106,47 +112,84 @@ static void free_axis(Axis *axis) {
     memset(axis, 0, sizeof *axis);
 }
 
+/* The weights an axis of `length` input pixels (the box's width or height) resized to out_size takes:
+ * taps (the filter's reach, stretched by the downscale factor) per output pixel. SIZE_MAX past
+ * FL_MAX_AXIS_WEIGHTS, for a length that is not finite and for bad arguments. */
+size_t fl_axis_weights(double length, int out_size, int filter) {
+    double scale, support;
+    if (filter < 0 || filter >= FL_FILTERS || out_size <= 0 || !isfinite(length)) return SIZE_MAX;
+    scale = length / out_size;
+    support = FILTERS[filter].support * (scale < 1.0 ? 1.0 : scale);
+    if (support > (double)FL_MAX_AXIS_WEIGHTS) return SIZE_MAX; /* before the products below can overflow */
+    if (((size_t)ceil(support) * 2 + 1) * (size_t)out_size > FL_MAX_AXIS_WEIGHTS) return SIZE_MAX;
+    return ((size_t)ceil(support) * 2 + 1) * (size_t)out_size;
+}
+
+/* The fractional bits of an axis whose largest weight is `largest` (see MAX_WEIGHT_BITS). */
+static int weight_bits(double largest) {
+    int bits = 0;
+    while (bits < MAX_WEIGHT_BITS && 0.5 + largest * (double)(1 << (bits + 1)) < (double)(1 << 15)) bits++;
+    return bits;
+}
+
 /* in0, in1: the box's edges as PIL holds them (float), in input pixels; in_size: where the input ends.
- * Weights that round to 0 at either end are dropped: they add nothing, and an upscale by a triangle
- * would otherwise read three pixels where two matter. */
+ * The weights are planned in doubles for the whole axis first: their fractional bits depend on the
+ * largest. Weights that round to 0 at either end are dropped: they add nothing, and an upscale by a
+ * triangle would otherwise read three pixels where two matter. */
 static int plan_axis(Axis *axis, int in_size, float in0, float in1, int out_size, int filter) {
+    size_t weights = fl_axis_weights((double)(in1 - in0), out_size, filter);
     double scale = (double)(in1 - in0) / out_size, stretch = scale < 1.0 ? 1.0 : scale;
-    double support = FILTERS[filter].support * stretch, shrink = 1.0 / stretch, *real;
-    int i, t, taps = (int)ceil(support) * 2 + 1;
+    double support = FILTERS[filter].support * stretch, shrink = 1.0 / stretch, largest = 0.0, unit, *real;
+    int i, t, taps;
 
     memset(axis, 0, sizeof *axis);
-    if (out_size <= 0 || taps <= 0 || (size_t)out_size > (size_t)INT_MAX / ((size_t)taps * sizeof(double))) return -1;
-    axis->taps = taps;
+    if (weights > FL_MAX_AXIS_WEIGHTS) return -1;
+    axis->taps = taps = (int)(weights / (size_t)out_size);
     axis->pair_taps = (taps + 1) / 2;
     axis->first = malloc((size_t)out_size * sizeof(int));
     axis->count = malloc((size_t)out_size * sizeof(int));
-    axis->weights = malloc((size_t)out_size * (size_t)taps * sizeof(int32_t));
+    axis->weights = malloc(weights * sizeof(int32_t));
     axis->pairs = malloc((size_t)out_size * (size_t)axis->pair_taps * sizeof(uint32_t));
-    real = malloc((size_t)taps * sizeof(double));
+    real = malloc(weights * sizeof(double));
     if (!axis->first || !axis->count || !axis->weights || !axis->pairs || !real) {
         free(real);
         free_axis(axis);
         return -1;
     }
     for (i = 0; i < out_size; i++) {
-        double centre = in0 + (i + 0.5) * scale, sum = 0.0;
-        int lo = (int)(centre - support + 0.5), hi = (int)(centre + support + 0.5), n, skip = 0;
-        int32_t *w = axis->weights + (size_t)i * taps;
+        double centre = in0 + (i + 0.5) * scale, sum = 0.0, *r = real + (size_t)i * taps;
+        int lo = (int)(centre - support + 0.5), hi = (int)(centre + support + 0.5), n;
         if (lo < 0) lo = 0;
         if (hi > in_size) hi = in_size;
         n = hi > lo ? hi - lo : 0;
         for (t = 0; t < n; t++) {
-            real[t] = FILTERS[filter].weight((t + lo - centre + 0.5) * shrink);
-            sum += real[t];
+            r[t] = FILTERS[filter].weight((t + lo - centre + 0.5) * shrink);
+            sum += r[t];
         }
         for (t = 0; t < n; t++) {
-            double v = (sum != 0.0 ? real[t] / sum : real[t]) * (1 << WEIGHT_BITS);
-            w[t] = (int32_t)(v < 0 ? v - 0.5 : v + 0.5);
+            if (sum != 0.0) r[t] /= sum;
+            if (r[t] > largest) largest = r[t];
+        }
+        axis->first[i] = lo;
+        axis->count[i] = n;
+    }
+    axis->bits = weight_bits(largest);
+    unit = (double)(1 << axis->bits);
+    for (i = 0; i < out_size; i++) {
+        const double *r = real + (size_t)i * taps;
+        int32_t *w = axis->weights + (size_t)i * taps;
+        int n = axis->count[i], skip = 0;
+        for (t = 0; t < n; t++) {
+            double v = r[t] * unit;
+            v = v < 0 ? v - 0.5 : v + 0.5;
+            /* 16 bits, as the AVX2 pass multiplies them: a weight leaves that range only for a box reaching
+             * far past the input's edge (a normalising sum near 0), where no pixel is meaningful anyway. */
+            w[t] = v <= INT16_MIN ? INT16_MIN : v >= INT16_MAX ? INT16_MAX : (int32_t)v;
         }
         while (n > 0 && w[n - 1] == 0) n--;
         while (skip < n && w[skip] == 0) skip++;
         memmove(w, w + skip, (size_t)(n - skip) * sizeof(int32_t));
-        axis->first[i] = lo + skip;
+        axis->first[i] += skip;
         axis->count[i] = n -= skip;
         for (t = 0; t < axis->pair_taps; t++) {
             uint32_t even = 2 * t < n ? (uint32_t)w[2 * t] & 0xFFFFu : 0, odd = 2 * t + 1 < n ? (uint32_t)w[2 * t + 1] : 0;
@@ -261,17 +304,21 @@ static const Axis *planned_axis(Axis *scratch, int in_size, float in0, float in1
 
 /* ---- the passes ---- */
 
-static inline uint8_t clip8(int32_t sum) {
-    int32_t v = sum >> WEIGHT_BITS;
+/* Half of the last unit the shift drops: the sums round to nearest. */
+static inline int32_t half_unit(int bits) { return bits > 0 ? (int32_t)1 << (bits - 1) : 0; }
+
+static inline uint8_t clip8(int32_t sum, int bits) {
+    int32_t v = sum >> bits;
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
 /* Byte j of an output row: the bytes j of its n input rows (from `first`, in_stride apart) by the weights. */
-static inline uint8_t weigh_byte(const uint8_t *first, size_t in_stride, size_t j, const int32_t *w, int n) {
-    int32_t sum = HALF;
+static inline uint8_t weigh_byte(const uint8_t *first, size_t in_stride, size_t j, const int32_t *w, int n,
+                                 int bits) {
+    int32_t sum = half_unit(bits);
     int t;
     for (t = 0; t < n; t++) sum += first[(size_t)t * in_stride + j] * w[t];
-    return clip8(sum);
+    return clip8(sum, bits);
 }
 
 /* Rows of `bytes` bytes, weighted along the rows by `axis`: output row i, at out + i * out_stride, from the
@@ -284,7 +331,7 @@ static void weigh_rows_baseline(const uint8_t *in, size_t in_stride, int row0, s
         const int32_t *w = axis->weights + (size_t)i * axis->taps;
         const uint8_t *first = in + (size_t)(axis->first[i] - row0) * in_stride;
         uint8_t *row = out + (ptrdiff_t)i * out_stride;
-        for (j = 0; j < bytes; j++) row[j] = weigh_byte(first, in_stride, j, w, axis->count[i]);
+        for (j = 0; j < bytes; j++) row[j] = weigh_byte(first, in_stride, j, w, axis->count[i], axis->bits);
     }
 }
 
@@ -294,8 +341,9 @@ static void weigh_rows_baseline(const uint8_t *in, size_t in_stride, int row0, s
  * (vpmaddwd); the exact same integers as weigh_byte. The unpacks and packs work within 128-bit halves,
  * and the packs undo the unpacks' order. Four named sums, not an array: gcc keeps them in registers. */
 __attribute__((target("avx2"))) static inline __m256i weigh_chunk(const uint8_t *first, size_t in_stride,
-                                                                 const uint32_t *pairs, int n) {
-    const __m256i zero = _mm256_setzero_si256(), half = _mm256_set1_epi32(HALF);
+                                                                 const uint32_t *pairs, int n, int bits) {
+    const __m256i zero = _mm256_setzero_si256(), half = _mm256_set1_epi32(half_unit(bits));
+    const __m128i shift = _mm_cvtsi32_si128(bits);
     __m256i s0 = half, s1 = half, s2 = half, s3 = half;
     int t;
     for (t = 0; t < n; t += 2) {
@@ -309,10 +357,10 @@ __attribute__((target("avx2"))) static inline __m256i weigh_chunk(const uint8_t 
         s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), pair));
         s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), pair));
     }
-    s0 = _mm256_srai_epi32(s0, WEIGHT_BITS);
-    s1 = _mm256_srai_epi32(s1, WEIGHT_BITS);
-    s2 = _mm256_srai_epi32(s2, WEIGHT_BITS);
-    s3 = _mm256_srai_epi32(s3, WEIGHT_BITS);
+    s0 = _mm256_sra_epi32(s0, shift);
+    s1 = _mm256_sra_epi32(s1, shift);
+    s2 = _mm256_sra_epi32(s2, shift);
+    s3 = _mm256_sra_epi32(s3, shift);
     return _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
 }
 
@@ -327,15 +375,17 @@ __attribute__((target("avx2"))) static void weigh_rows_avx2(const uint8_t *in, s
         const uint8_t *first = in + (size_t)(axis->first[i] - row0) * in_stride;
         const uint32_t *pairs = axis->pairs + (size_t)i * axis->pair_taps;
         uint8_t *row = out + (ptrdiff_t)i * out_stride;
-        int n = axis->count[i];
+        int n = axis->count[i], bits = axis->bits;
         if (bytes < 32) {
-            for (j = 0; j < bytes; j++) row[j] = weigh_byte(first, in_stride, j, axis->weights + (size_t)i * axis->taps, n);
+            for (j = 0; j < bytes; j++)
+                row[j] = weigh_byte(first, in_stride, j, axis->weights + (size_t)i * axis->taps, n, bits);
             continue;
         }
         for (j = 0; j + 32 <= bytes; j += 32)
-            _mm256_storeu_si256((__m256i *)(row + j), weigh_chunk(first + j, in_stride, pairs, n));
+            _mm256_storeu_si256((__m256i *)(row + j), weigh_chunk(first + j, in_stride, pairs, n, bits));
         if (j < bytes)
-            _mm256_storeu_si256((__m256i *)(row + bytes - 32), weigh_chunk(first + bytes - 32, in_stride, pairs, n));
+            _mm256_storeu_si256((__m256i *)(row + bytes - 32),
+                                weigh_chunk(first + bytes - 32, in_stride, pairs, n, bits));
     }
 }
 #endif
@@ -499,40 +549,98 @@ static void transpose_out(const uint8_t *columns, size_t in_stride, int cols, in
     transpose_out_baseline(columns, in_stride, cols, rows, flip, dst, out_stride);
 }
 
+/* ---- the two pass orders ---- */
+
+/* Which pass runs first where both change the image: the order of the PIL the process matches, set once
+ * from Python (fl_resample_set_order) before the threads that read it resize. */
+static int pass_order = FL_ORDER_HORIZONTAL_FIRST;
+
+void fl_resample_set_order(int order) {
+    __atomic_store_n(&pass_order, order == FL_ORDER_PILLOW_13 ? order : FL_ORDER_HORIZONTAL_FIRST, __ATOMIC_RELAXED);
+}
+
+int fl_resample_order(void) { return __atomic_load_n(&pass_order, __ATOMIC_RELAXED); }
+
+/* Pillow 13's choice (Pillow-SIMD and older Pillows run the horizontal pass first, always): the vertical pass
+ * first when the height loses pixels, more than twice as many as the width loses (the image's sizes, not
+ * the box's). Where one pass leaves the image as it is, either order gives the same pixels. */
+static int vertical_first(int src_w, int src_h, int out_w, int out_h) {
+    long long lost_h = (long long)src_h - out_h, lost_w = (long long)src_w - out_w;
+    return fl_resample_order() == FL_ORDER_PILLOW_13 && lost_h > 0 && lost_h > 2 * lost_w;
+}
+
+/* The input pixels the weights reach: `cols` RGBX pixels of `rows` rows from `pixels` (rows `stride` bytes
+ * apart), the rows from row0 and the columns from col0 of the axes' numbering. */
+typedef struct {
+    const uint8_t *pixels;
+    ptrdiff_t stride;
+    int row0, rows, col0, cols;
+} Region;
+
+/* Horizontal first: the region transposed (a row of packed RGB per column), the pass along x on it (still
+ * transposed), that transposed back into rows (mirrored on the way), and the pass along y into dst. The
+ * transposes read 16 bytes where 12 matter: the buffers end with 16 bytes of slack. */
+static int resample_horizontal_first(const Region *in, const Axis *ax, const Axis *ay, uint8_t *dst,
+                                     ptrdiff_t dst_stride, int out_w, int out_h, int flip) {
+    size_t column_bytes = (size_t)in->rows * 3, column_stride = column_bytes + PAD;
+    size_t row_bytes = (size_t)out_w * 3, row_stride = row_bytes + PAD;
+    size_t columns_size = (size_t)in->cols * column_stride + 16, across_size = (size_t)out_w * column_stride + 16;
+    uint8_t *columns, *across, *rows_rgb;
+
+    columns = fl_thread_buffer(FL_BUFFER_RESAMPLE, columns_size + across_size + (size_t)in->rows * row_stride + 16);
+    if (columns == NULL) return -1;
+    across = columns + columns_size;
+    rows_rgb = across + across_size;
+    transpose_in(in->pixels, in->stride, in->cols, in->rows, columns, column_stride);
+    weigh(columns, column_stride, in->col0, column_bytes, ax, out_w, across, (ptrdiff_t)column_stride);
+    transpose_out(across, column_stride, out_w, in->rows, flip, rows_rgb, row_stride);
+    weigh(rows_rgb, row_stride, in->row0, row_bytes, ay, out_h, dst, dst_stride);
+    return 0;
+}
+
+/* Vertical first: the pass along y on the region's RGBX rows as they are (the fourth bytes weighed too, and
+ * never read again), that transposed, the pass along x on it, and the result transposed back into rows,
+ * copied into dst (the transpose writes a little past each row's last pixel: not into the caller's). */
+static int resample_vertical_first(const Region *in, const Axis *ax, const Axis *ay, uint8_t *dst,
+                                   ptrdiff_t dst_stride, int out_w, int out_h, int flip) {
+    size_t wide_bytes = (size_t)in->cols * 4, column_bytes = (size_t)out_h * 3, column_stride = column_bytes + PAD;
+    size_t row_bytes = (size_t)out_w * 3, row_stride = row_bytes + PAD, tall_size = (size_t)out_h * wide_bytes + 16;
+    size_t columns_size = (size_t)in->cols * column_stride + 16, across_size = (size_t)out_w * column_stride + 16;
+    uint8_t *tall, *columns, *across, *rows_rgb;
+    int y;
+
+    tall = fl_thread_buffer(FL_BUFFER_RESAMPLE,
+                            tall_size + columns_size + across_size + (size_t)out_h * row_stride + 16);
+    if (tall == NULL) return -1;
+    columns = tall + tall_size;
+    across = columns + columns_size;
+    rows_rgb = across + across_size;
+    weigh(in->pixels, (size_t)in->stride, in->row0, wide_bytes, ay, out_h, tall, (ptrdiff_t)wide_bytes);
+    transpose_in(tall, (ptrdiff_t)wide_bytes, in->cols, out_h, columns, column_stride);
+    weigh(columns, column_stride, in->col0, column_bytes, ax, out_w, across, (ptrdiff_t)column_stride);
+    transpose_out(across, column_stride, out_w, out_h, flip, rows_rgb, row_stride);
+    for (y = 0; y < out_h; y++) memcpy(dst + (ptrdiff_t)y * dst_stride, rows_rgb + (size_t)y * row_stride, row_bytes);
+    return 0;
+}
+
 int fl_resample(const uint8_t *src, ptrdiff_t src_stride, int src_w, int src_h, const float box[4], uint8_t *dst,
                 ptrdiff_t dst_stride, int out_w, int out_h, int filter, int flip) {
     Axis own_x = {0}, own_y = {0};
     const Axis *ax, *ay;
-    uint8_t *columns, *across, *rows_rgb;
-    int row0, rows, col0, cols, status = -1;
-    size_t column_bytes, column_stride, row_bytes = (size_t)out_w * 3, row_stride, columns_size, across_size;
+    Region in;
+    int status = -1;
 
     if (filter < 0 || filter >= FL_FILTERS || src_w <= 0 || src_h <= 0) return -1;
     ax = planned_axis(&own_x, src_w, box[0], box[2], out_w, filter);
     ay = ax != NULL ? planned_axis(&own_y, src_h, box[1], box[3], out_h, filter) : NULL;
     if (ay == NULL) goto done;
-    /* The input the weights reach: rows [row0, row0 + rows), columns [col0, col0 + cols). */
-    reach(ay, out_h, &row0, &rows);
-    reach(ax, out_w, &col0, &cols);
-    column_bytes = (size_t)rows * 3;
-    column_stride = column_bytes + PAD;
-    row_stride = row_bytes + PAD;
-    /* The region transposed (a row of packed RGB per column), the pass along x (still transposed), and
-     * the same in rows (the vertical pass's input). The transposes read 16 bytes where 12 matter: the
-     * buffers end with 16 bytes of slack. */
-    columns_size = (size_t)cols * column_stride + 16;
-    across_size = (size_t)out_w * column_stride + 16;
-    columns = fl_thread_buffer(FL_BUFFER_RESAMPLE, columns_size + across_size + (size_t)rows * row_stride + 16);
-    if (columns != NULL) {
-        const uint8_t *region = src + (ptrdiff_t)row0 * src_stride + (ptrdiff_t)col0 * 4;
-        across = columns + columns_size;
-        rows_rgb = across + across_size;
-        transpose_in(region, src_stride, cols, rows, columns, column_stride);
-        weigh(columns, column_stride, col0, column_bytes, ax, out_w, across, (ptrdiff_t)column_stride);
-        transpose_out(across, column_stride, out_w, rows, flip, rows_rgb, row_stride);
-        weigh(rows_rgb, row_stride, row0, row_bytes, ay, out_h, dst, dst_stride);
-        status = 0;
-    }
+    reach(ay, out_h, &in.row0, &in.rows);
+    reach(ax, out_w, &in.col0, &in.cols);
+    in.pixels = src + (ptrdiff_t)in.row0 * src_stride + (ptrdiff_t)in.col0 * 4;
+    in.stride = src_stride;
+    status = vertical_first(src_w, src_h, out_w, out_h)
+                 ? resample_vertical_first(&in, ax, ay, dst, dst_stride, out_w, out_h, flip)
+                 : resample_horizontal_first(&in, ax, ay, dst, dst_stride, out_w, out_h, flip);
 done:
     free_axis(&own_x);
     free_axis(&own_y);

@@ -13,8 +13,9 @@ still see it. The parts:
   multiprocessing passes descriptors: inherited under fork, sent under spawn and forkserver) and map it
   once (:func:`attach`). Pages are committed on first use: slots never needed cost no memory.
 * **The bookkeeping**, all of it in the loader's process (``fastloader.loader.batch_slots``). A slot is
-  FREE, DISPATCHED (stamped on a batch of indices sent to a worker) or HELD (its batch arrived; tensors
-  view it). Workers never decide anything: they write the slot they are told to, or a fresh buffer.
+  FREE, DISPATCHED (stamped on a batch of indices sent to a worker, with a ticket: one number per dispatch)
+  or HELD (its batch arrived; tensors view it), or kept out of use while something may still read or write it
+  (below). Workers never decide anything: they write the slot they are told to, or a fresh buffer.
 
 One batch, step by step:
 
@@ -28,10 +29,14 @@ One batch, step by step:
    :func:`pack`), never the pixels, and its small tensors (the labels) by value. Unpickling a marker in the
    loader's process makes the slot HELD and rebuilds the tensor as a view of that process's own mapping:
    ``np.frombuffer`` of the mapping → ``torch.from_numpy``, with ``weakref.finalize`` on that one ndarray.
-   ``from_numpy`` keeps a reference to the ndarray until the tensor's storage is freed, and every view,
-   ``.numpy()`` array or storage keeps the storage: the finalizer runs exactly when the last of them is let
-   go, and the slot becomes FREE. The batch also carries the slot it was given (:func:`arrived`): a batch that
-   did not use it (a sample skipped, a ``collate_fn`` that copied) frees it on arrival.
+   ``from_numpy`` keeps a reference to the ndarray until the tensor's storage frees its data, and every view,
+   ``.numpy()`` array or storage keeps the storage: the finalizer runs when the last of them is let go, and
+   the slot becomes FREE. Unless the storage lives on: ``share_memory_()`` (and a ``torch.multiprocessing``
+   queue, which shares what it pickles) copies a storage's data to new shared memory and frees the old, while
+   arrays made before still point into the slot and keep only the tensor. The finalizer holds a weak reference
+   to the storage: a storage still alive keeps the slot booked until it is gone. The batch also carries the
+   slot it was given (:func:`arrived`): a batch that did not use it (a sample skipped, a ``collate_fn`` that
+   copied) frees it on arrival.
 4. *Reuse*: the slot goes to a worker again only through step 1.
 
 Why no flag in shared memory needs ordering: the loader's last read of a slot happens before its finalizer
@@ -44,8 +49,16 @@ every CPU architecture; nothing here relies on x86's ordering.
 A slot whose batch never arrives (the worker raised for that task, was killed, or the loop broke off with
 persistent workers) stays DISPATCHED until no worker can write it any more: after torch's iterator has
 shut its workers down and every one of them is dead, or after a persistent iterator's reset has heard every
-worker acknowledge (each worker answers its earlier tasks first). Until then it only costs a slot. A slot in
-use is never written: a user who keeps every batch makes the ring fall back to fresh buffers, never wait.
+worker acknowledge (each worker answers its earlier tasks first). A worker torch finds dead (and goes on
+without) writes nothing more, but a batch it finished may still be on its way: its slots come back once a
+batch dispatched after that has arrived (the workers' results come through one pipe, in the order they were
+written). Until then it only costs a slot. A slot in use is never written: a user who keeps every batch makes
+the ring fall back to fresh buffers, never wait.
+
+A forked child (``os.fork()``, a fork-start ``multiprocessing.Process``) inherits the shared mapping, and with
+it the batches held at the fork: those slots are not dispatched again until every such child has exited or
+exec'd (``fastloader.image.ring_fork``). A child never hands out its parent's slots: a loader it inherited
+makes a ring of its own there, and the markers of one process's ring never unpickle in another.
 
 On CUDA the ring is registered as pinned memory once (``cudaHostRegister``): a batch is one DMA from the
 slot the worker wrote, torch's pin-memory thread passes it through (it is already pinned) and the copier
@@ -70,6 +83,7 @@ import numpy as np
 import torch
 
 from fastloader.image import pages
+from fastloader.torch_internals import storage_ref
 
 log = logging.getLogger("fastloader")
 
@@ -77,22 +91,28 @@ log = logging.getLogger("fastloader")
 class SlotKeeper(Protocol):
     """The loader's bookkeeping of a ring's slots (``fastloader.loader.batch_slots``), as the ring tells it."""
 
-    def held(self, slot: int) -> None:
-        """A view of ``slot`` is made in this process (its batch arrived): DISPATCHED -> HELD."""
+    def held(self, slot: int, ticket: int) -> None:
+        """A view of ``slot`` is made in this process (its batch, dispatched as ``ticket``, arrived): -> HELD."""
 
-    def released(self, slot: int) -> None:
-        """The last view of ``slot`` was let go (a finalizer: any thread, any time): HELD -> FREE."""
+    def released(self, slot: int, storage: int) -> None:
+        """The slot's memory object was let go (a finalizer: any thread, any time). ``storage`` (a weak reference
+        to the storage its views shared, :func:`~fastloader.torch_internals.storage_ref`) tells whether every
+        view went with it (HELD -> FREE) or the storage moved its data elsewhere (``share_memory_()``, a
+        ``torch.multiprocessing`` queue) while arrays made from it may still point into the slot: then the slot
+        stays booked until that storage is gone."""
 
-    def arrived(self, slot: int) -> None:
-        """The batch stamped with ``slot`` arrived; unless it viewed the slot, DISPATCHED -> FREE."""
+    def arrived(self, slot: int, ticket: int) -> None:
+        """The batch stamped with ``slot`` (as ``ticket``) arrived; unless it viewed the slot, -> FREE."""
 
 
 @dataclass(frozen=True)
 class SlotRef:
-    """One slot of one ring: stamped on a batch of indices, carried back with its batch."""
+    """One slot of one ring, dispatched as ``ticket`` (one number per dispatch): stamped on a batch of indices,
+    carried back with its batch."""
 
     ring: int
     slot: int
+    ticket: int = 0
 
 
 def _page_round(nbytes: int) -> int:
@@ -130,18 +150,20 @@ class BatchRing:
         """What a worker needs to map this ring (pickled with its worker_init_fn)."""
         return RingHandle(self.id, self.fd, self.slots, self.slot_bytes)
 
-    def view(self, slot: int) -> torch.Tensor:
-        """Slot ``slot`` as a 1-D uint8 tensor of this process's mapping; the keeper hears when its last view goes."""
+    def view(self, slot: int, ticket: int = 0) -> torch.Tensor:
+        """Slot ``slot`` (dispatched as ``ticket``) as a 1-D uint8 tensor of this process's mapping; the keeper
+        hears when its last view goes."""
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} out of range for a batch ring of {self.slots} slots")
-        self.keeper.held(slot)
+        self.keeper.held(slot, ticket)
         start = slot * self.slot_bytes
         memory = self._memory[start : start + self.slot_bytes]
         if not self._populated[slot]:  # first read of this slot here: its pages in one call, not fault by fault
             pages.populate(memory.ctypes.data, self.slot_bytes, pages.POPULATE_READ)
             self._populated[slot] = 1
-        weakref.finalize(memory, self.keeper.released, slot)
-        return torch.from_numpy(memory)  # keeps `memory` (only it) until the storage is freed
+        tensor = torch.from_numpy(memory)  # keeps `memory` (only it) until the storage frees or moves its data
+        weakref.finalize(memory, self.keeper.released, slot, storage_ref(tensor))
+        return tensor
 
     def pin(self, device: torch.device) -> bool:
         """Register the whole ring as pinned memory for CUDA (once); False (and a warning) when refused."""
@@ -180,7 +202,7 @@ def arrived(ref: SlotRef) -> None:
     """The batch stamped with ``ref`` arrived in the loader's process (its markers, if any, rebuilt already)."""
     ring = owned(ref.ring)
     if ring is not None:
-        ring.keeper.arrived(ref.slot)
+        ring.keeper.arrived(ref.slot, ref.ticket)
 
 
 # --- the workers' side ------------------------------------------------------------------------------------
@@ -268,7 +290,7 @@ def take(nbytes: int) -> torch.Tensor | None:
         if nbytes > ring.slot_bytes:
             return None
         _FETCH.taken = True
-        return ring.view(ref.slot)[:nbytes]
+        return ring.view(ref.slot, ref.ticket)[:nbytes]
     attached = _attached(ref.ring)
     if attached is None or nbytes > attached.slot_bytes:
         return None
@@ -291,8 +313,8 @@ class _SlotMemory:
     def __init__(self, ref: SlotRef) -> None:
         self.ref = ref
 
-    def __reduce__(self) -> tuple[Callable[[int, int], torch.Tensor], tuple[int, int]]:
-        return _slot_memory, (self.ref.ring, self.ref.slot)
+    def __reduce__(self) -> tuple[Callable[[int, int, int], torch.Tensor], tuple[int, int, int]]:
+        return _slot_memory, (self.ref.ring, self.ref.slot, self.ref.ticket)
 
 
 class _SlotView:
@@ -305,14 +327,14 @@ class _SlotView:
         return _slot_view, (self.memory, self.size, self.stride, self.offset)
 
 
-def _slot_memory(ring: int, slot: int) -> torch.Tensor:
+def _slot_memory(ring: int, slot: int, ticket: int = 0) -> torch.Tensor:
     found = owned(ring)
     if found is None:
         raise RuntimeError(
             f"a batch in slot {slot} of batch ring {ring:#x} was unpickled in process {os.getpid()}, which does not"
             " own that ring: ring batches travel only from a DataLoaderX's workers to the DataLoaderX"
         )
-    return found.view(slot)
+    return found.view(slot, ticket)
 
 
 def _slot_view(memory: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> torch.Tensor:

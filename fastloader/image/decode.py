@@ -5,17 +5,19 @@ needed, never more. The backends, fastest first; each falls through to the next 
 cannot do:
 
 1. ``fastloader.image.jpeg_ext`` (libjpeg-turbo, optional): decodes only the region the crop needs
-   (rows below it not even entropy-decoded, rows above not colour-converted, columns from an iMCU
-   boundary), plus a margin of a few pixels for the resampling filter, DCT-scaled as below.
-   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) and data it finds corrupt go to PIL. For fast decodes
-   (``fast=True``, the transforms' default) it also resizes, with PIL's filters and weights (16-bit, as
-   Pillow-SIMD keeps them: within a level or two of PIL's pixels), straight into ``out``, flipped on the
+   (rows above and below it entropy-decoded only, columns from an iMCU boundary), plus a margin of a
+   few pixels for the resampling filter, DCT-scaled as below.
+   CMYK / YCCK JPEGs (``UnsupportedJPEGError``) go to PIL; data it refuses (corrupt, truncated anywhere in
+   the file whatever the crop, over its scan or pixel limit) is a :class:`~fastloader.errors.DecodeError`,
+   never handed to PIL, which would paper over a truncation with grey rows. For fast decodes
+   (``fast=True``, the transforms' default) it also resizes, with PIL's filters, weights and pass order
+   (Pillow-SIMD's pixels, Pillow's within two levels), straight into ``out``, flipped on the
    way: one call without the GIL (``jpeg_ext.decode_resized``). Exact decodes resize with PIL.
 2. PIL (Pillow-SIMD when installed): ``Image.draft`` asks libjpeg for a DCT-scaled decode (1/2,
    1/4, 1/8: fewer IDCTs, a smaller image to resize). Other formats (PNG, WebP, ...) decode in full.
 
 DCT scaling is used only while the reduced image keeps 1.5x the output resolution (never an
-upscale from a reduced decode; see ``_DCT_ROOM``). Then one resize: a whole-pixel box is cropped,
+upscale from a reduced decode; see ``decode_window.DCT_ROOM``). Then one resize: a whole-pixel box is cropped,
 then resized (torchvision's ``RandomResizedCrop``, bit for bit at full scale); a fractional box
 (``Resize`` + ``CenterCrop``) is resized with ``Image.resize(size, resample, box=...)``, which
 samples exactly what torchvision's resize-then-crop samples. Flip and zero padding come last.
@@ -47,30 +49,21 @@ from typing import Any
 
 import numpy as np
 
+from fastloader.errors import CorruptJPEGError, DecodeError, UnsupportedJPEGError
+from fastloader.image.decode_window import (
+    FILTERS,
+    INTERPOLATIONS,
+    RESAMPLERS,
+    batch_job,
+    dct_scale,
+    scaled_source,
+    target_rect,
+    window,
+)
 from fastloader.image.geometry import CropPlan, FloatBox, visible_region, whole_box
 from fastloader.image.pil import check_pixels, decode_errors, open_image, pixel_limit, to_rgb
 
 _JPEG_SOI = b"\xff\xd8"
-# PIL resampling filter per torchvision interpolation name, and the filter's support radius in
-# input pixels (scaled by the downscale factor): the margin a region decode must include.
-_FILTERS = {
-    "nearest": ("NEAREST", 0.0),
-    "nearest-exact": ("NEAREST", 0.0),
-    "box": ("BOX", 0.5),
-    "bilinear": ("BILINEAR", 1.0),
-    "hamming": ("HAMMING", 1.0),
-    "bicubic": ("BICUBIC", 2.0),
-    "lanczos": ("LANCZOS", 3.0),
-}
-INTERPOLATIONS = frozenset(_FILTERS)
-# The filters jpeg_ext's own resize knows (PIL's convolutions, by its codes); nearest stays PIL's.
-_RESAMPLERS = {"box": 0, "bilinear": 1, "hamming": 2, "bicubic": 3, "lanczos": 4}
-# DCT scaling averages blocks more crudely than an antialiased resize: scale only while the reduced
-# image keeps 1.5x the output resolution, so the final resize still smooths. On the sample photos
-# (RandomResizedCrop(128), Resize(146)+CenterCrop(128); 1024x768 re-encodes at 224) the mean
-# |difference| from torchvision is <= 0.6 levels (worst image 1.5) against <= 1.1 (worst 3.6) when
-# scaling right down to the output resolution, for 3-8% less speed-up.
-_DCT_ROOM = 1.5
 
 
 @functools.cache
@@ -105,8 +98,10 @@ def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
         try:
             width, height, components = ext.jpeg_info(data)
             header = ImageHeader(int(width), int(height), components in (1, 3))
-        except ext.FALLBACK_ERRORS:  # data the extension leaves to PIL (CMYK, 12-bit...) or finds corrupt
-            pass  # PIL reads it, or names what is wrong with it
+        except UnsupportedJPEGError:  # a JPEG variant the extension leaves to PIL (12-bit, lossless, ...)
+            pass
+        except CorruptJPEGError as error:
+            raise _refused(key, error) from None
     if header is None:
         with decode_errors(key):
             image = open_image(data)
@@ -114,6 +109,27 @@ def read_header(data: bytes, key: str = "<bytes>") -> ImageHeader:
             header = ImageHeader(int(image.size[0]), int(image.size[1]), plain)
     check_pixels(header.width, header.height, key)
     return header
+
+
+def check_whole(data: bytes, key: str = "<bytes>") -> bool:
+    """Check, as training's decoder would, that a whole file decodes; DecodeError naming ``key`` if not.
+
+    A plain JPEG is decoded wholly by the extension at 1/8 scale (every row entropy-decoded, its refusals
+    those of any crop: truncation, corrupt data, the scan and pixel limits) and True returned; False for
+    what the extension does not take (PNG, CMYK, ...), which the caller checks with PIL."""
+    ext = _jpeg_ext()
+    if ext is None or not is_jpeg(data):
+        return False
+    header = read_header(data, key)  # the pixel limit, and a corrupt header refused
+    if not header.plain_jpeg:
+        return False
+    try:
+        ext.decode(data, scale_denom=8, fast=True)
+    except UnsupportedJPEGError:
+        return False
+    except CorruptJPEGError as error:
+        raise _refused(key, error) from None
+    return True
 
 
 def image_size(data: bytes, key: str = "<bytes>") -> tuple[int, int]:
@@ -143,15 +159,17 @@ def decode_plan(
         out = np.empty((height, width, 3), dtype=np.uint8)
     elif out.shape != (height, width, 3) or out.dtype != np.uint8:
         raise ValueError(f"out must be a uint8 array of shape {(height, width, 3)}, got {out.dtype} {out.shape}")
-    if plan.interpolation not in _FILTERS:
-        raise ValueError(f"unknown interpolation {plan.interpolation!r}; expected one of {sorted(_FILTERS)}")
+    if plan.interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {plan.interpolation!r}; expected one of {sorted(INTERPOLATIONS)}")
     ext = _jpeg_ext()
     if ext is not None and is_jpeg(data) and (header is None or header.plain_jpeg):
         try:
             _decode_with_ext(ext, data, plan, out, fast, header)
             return out
-        except ext.FALLBACK_ERRORS:  # only the data's fault: a bug in the fast path must not hide as a slow decode
+        except UnsupportedJPEGError:  # what the extension cannot do (CMYK, ...): PIL's job
             pass
+        except CorruptJPEGError as error:  # refused: a bad file, never a second, more lenient decoder's
+            raise _refused(key, error) from None
     with decode_errors(key):
         _decode_with_pil(data, plan, out, key, checked=header is not None)
     return out
@@ -168,9 +186,9 @@ def decode_plans(
 
     For a fast decode the plain JPEGs (whatever ``jpeg_ext.decode_resized`` takes) go to the extension in one
     call, without the GIL for the whole batch and with no Python between images, on ``threads`` threads
-    (``jpeg_ext.decode_resized_batch``); the rest, and any the extension refuses, one by one through
-    :func:`decode_plan` (PIL; errors name ``keys(i)``). The pixels are those of :func:`decode_plan` with the
-    same arguments, bit for bit.
+    (``jpeg_ext.decode_resized_batch``); the rest, and the variants it leaves to PIL, one by one through
+    :func:`decode_plan`. Errors name ``keys(i)``: the first image the extension refused raises its
+    DecodeError. The pixels are those of :func:`decode_plan` with the same arguments, bit for bit.
     """
     if len(images) != len(out):
         raise ValueError(f"{len(images)} images for {len(out)} output slots")
@@ -188,78 +206,30 @@ def decode_plans(
             rest.append(slot)
             continue
         if id(plan) not in planned:
-            planned[id(plan)] = _slot_job(plan, header)
+            planned[id(plan)] = batch_job(plan, header.width, header.height)
         job = planned[id(plan)]
         if job is None:
             rest.append(slot)
             continue
-        window, scale, source, crop, rect, code, padded = job
+        wanted, scale, source, crop, rect, code, padded = job
         if padded:
             out[slot] = 0  # torchvision pads a crop larger than the image with 0
-        jobs.append((data, window, scale, source, crop, slot, rect, plan.flip, code))
+        jobs.append((data, wanted, scale, source, crop, slot, rect, plan.flip, code))
         slots.append(slot)
     if jobs:
         assert ext is not None
-        refused = ext.decode_resized_batch(jobs, out, fast, threads)
-        rest += [slots[position] for position, _ in refused]  # PIL decodes them, or names what is wrong
+        for position, error in ext.decode_resized_batch(jobs, out, fast, threads):
+            if isinstance(error, CorruptJPEGError):
+                raise _refused(keys(slots[position]), error)
+            rest.append(slots[position])  # a variant PIL decodes (the extension said unsupported)
     for slot in rest:
         data, header, plan = images[slot]
         decode_plan(data, plan, keys(slot), out[slot], fast=fast, header=header)
 
 
-def _slot_job(plan: CropPlan, header: ImageHeader) -> tuple[Any, ...] | None:
-    """``decode_resized_batch``'s arguments for ``plan`` on a plain JPEG, less the data, the slot and the flip
-    (the window, the scale, the scaled box, crop, the output rectangle, the filter) and whether the output is
-    padded; None where :func:`decode_plan` must do it (nearest neighbour, a box that misses the image)."""
-    if plan.interpolation not in _RESAMPLERS:
-        return None
-    region = visible_region(plan, header.width, header.height)
-    if region is None:
-        return None
-    window, scale = _window(plan, region, header.width, header.height)
-    source, crop = _scaled_source(region, scale)
-    rect, padded = _target_rect(plan, region)
-    return window, scale, source, crop, rect, _RESAMPLERS[plan.interpolation], padded
-
-
-def _dct_scale(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]) -> int:
-    """The largest DCT scale denominator whose reduced image keeps ``_DCT_ROOM`` x the output resolution."""
-    if _FILTERS[plan.interpolation][1] < 0.5:
-        return 1  # nearest neighbour picks pixels: an averaged reduced image would not match
-    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
-    room = min((x1 - x0) / (u1 - u0), (y1 - y0) / (v1 - v0))
-    for scale in (8, 4, 2):
-        if room >= _DCT_ROOM * scale:
-            return scale
-    return 1
-
-
-def _window(
-    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], width: int, height: int
-) -> tuple[tuple[int, int, int, int], int]:
-    """The pixels to decode for ``region`` of a ``width`` x ``height`` JPEG, and the DCT scale to decode them at.
-
-    The resampling filter reaches past the box: a margin is decoded too, so that the edge pixels are
-    computed from the same neighbours as in a full decode."""
-    scale = _dct_scale(plan, region)
-    (x0, y0, x1, y1), (u0, v0, u1, v1) = region
-    reach = _FILTERS[plan.interpolation][1] * max(1.0, (x1 - x0) / scale / (u1 - u0), (y1 - y0) / scale / (v1 - v0))
-    margin = (math.ceil(reach) + 1) * scale
-    wanted = (
-        max(0, math.floor(x0) - margin),
-        max(0, math.floor(y0) - margin),
-        min(width, math.ceil(x1) + margin),
-        min(height, math.ceil(y1) + margin),
-    )
-    return wanted, scale
-
-
-def _scaled_source(region: tuple[FloatBox, tuple[int, int, int, int]], scale: int) -> tuple[FloatBox, bool]:
-    """The region's box in the image decoded at 1/``scale``, and whether it is whole pixels (crop, then resize)."""
-    factor = 1.0 / scale
-    x0, y0, x1, y1 = region[0]
-    box = (x0 * factor, y0 * factor, x1 * factor, y1 * factor)
-    return box, whole_box(box) is not None
+def _refused(key: str, error: Exception) -> DecodeError:
+    """The DecodeError for a file the JPEG extension refused (corrupt, truncated, over a limit), naming ``key``."""
+    return DecodeError(f"{key}: cannot decode image ({error})")
 
 
 def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, checked: bool) -> None:
@@ -270,7 +240,7 @@ def _decode_with_pil(data: bytes, plan: CropPlan, out: np.ndarray, key: str, che
     region = visible_region(plan, width, height)
     scale = 1
     if region is not None and image.format == "JPEG":
-        wanted = _dct_scale(plan, region)
+        wanted = dct_scale(plan, region)
         # draft picks the largest DCT scale whose image is at least this size: exactly `wanted`.
         drafted = image.draft("RGB", (width // wanted, height // wanted)) if wanted > 1 else None
         if drafted is not None:
@@ -299,12 +269,12 @@ def _decode_with_ext(
     if region is None:
         out[...] = 0
         return
-    wanted, scale = _window(plan, region, width, height)
-    if fast and plan.interpolation in _RESAMPLERS and out.strides[1:] == (3, 1):
+    wanted, scale = window(plan, region, width, height)
+    if fast and plan.interpolation in RESAMPLERS and out.strides[1:] == (3, 1):
         # One call, no GIL: the region decoded, resized and written into its slot (jpeg_ext.decode_resized).
-        source, crop = _scaled_source(region, scale)
+        source, crop = scaled_source(region, scale)
         target = _target(plan, region, out)
-        ext.decode_resized(data, wanted, scale, fast, source, crop, target, plan.flip, _RESAMPLERS[plan.interpolation])
+        ext.decode_resized(data, wanted, scale, fast, source, crop, target, plan.flip, RESAMPLERS[plan.interpolation])
         return
     (x0, y0, x1, y1), _ = region
     # RGBX: PIL keeps RGB as 4 bytes a pixel, so it wraps these pixels without a copy.
@@ -341,7 +311,7 @@ def _render(
         return
     (x0, y0, x1, y1), (u0, v0, u1, v1) = region
     box = (x0 * factor - origin[0], y0 * factor - origin[1], x1 * factor - origin[0], y1 * factor - origin[1])
-    resample = getattr(Image.Resampling, _FILTERS[plan.interpolation][0])
+    resample = getattr(Image.Resampling, FILTERS[plan.interpolation][0])
     whole = whole_box(box)
     if whole is not None:
         # torchvision's RandomResizedCrop crops, then resizes: the filter sees no pixel outside the
@@ -356,23 +326,10 @@ def _render(
 
 def _target(plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]], out: np.ndarray) -> np.ndarray:
     """The part of ``out`` the visible region is resized into (where a flip puts it); the rest zeroed."""
-    (u0, v0, u1, v1), padded = _target_rect(plan, region)
+    (u0, v0, u1, v1), padded = target_rect(plan, region)
     if padded:
         out[...] = 0  # torchvision pads a crop larger than the image with 0
     return out[v0:v1, u0:u1]
-
-
-def _target_rect(
-    plan: CropPlan, region: tuple[FloatBox, tuple[int, int, int, int]]
-) -> tuple[tuple[int, int, int, int], bool]:
-    """The output rectangle ``(u0, v0, u1, v1)`` the visible region goes to, mirrored for a flip, and whether
-    the output has padding around it (zeros)."""
-    out_h, out_w = plan.size
-    u0, v0, u1, v1 = region[1]
-    padded = (u1 - u0, v1 - v0) != (out_w, out_h)
-    if plan.flip:
-        u0, u1 = out_w - u1, out_w - u0
-    return (u0, v0, u1, v1), padded
 
 
 def _put(image: Any, target: np.ndarray, flip: bool) -> None:

@@ -3,28 +3,34 @@
 A thin typed wrapper over the optional C extension ``fastloader.image._jpeg``. ``AVAILABLE`` is False when
 the extension was not built (no libjpeg-turbo headers at install time); callers then decode with PIL.
 
-``decode_resized`` also resizes the region into a batch slot in the same call (PIL's filters and weights,
-16-bit as Pillow-SIMD keeps them; ``_resample.c``), so that a small image needs no PIL image at all.
+``decode_resized`` also resizes the region into a batch slot in the same call (``_resample.c``), so that a
+small image needs no PIL image at all: PIL's filters, weights and 8-bit passes, in the order the installed
+PIL runs them (:func:`set_pass_order`), the weights in 16 bits as Pillow-SIMD keeps them. Pillow-SIMD's
+pixels exactly; Pillow's (22-bit weights) within two levels.
 
 Exactness: with ``fast=False`` every returned pixel equals the same pixel of PIL's decode of the same
 bytes at the same scale (both use the system libjpeg-turbo, accurate integer IDCT, fancy upsampling),
 including the columns and rows outside the requested box. ``fast=True`` uses the fast integer IDCT and
 plain (non-fancy) chroma upsampling: a little faster, off by a few levels at chroma edges.
 
-Errors: ``ValueError`` for corrupt or truncated data (including warnings that libjpeg would paper over
-with grey rows), non-JPEG bytes, absurd dimensions (more than ``MAX_PIXELS``) and bad arguments;
-``UnsupportedJPEGError`` (a ``NotImplementedError``) for valid JPEGs this decoder leaves to PIL (CMYK,
-YCCK, 12-bit, lossless).
+Errors: ``CorruptJPEGError`` (a ``ValueError``) for data this decoder refuses: corrupt or truncated data
+(including warnings that libjpeg would paper over with grey rows, and a file cut below the requested box:
+the rows below it are entropy-decoded too), non-JPEG bytes, absurd dimensions (more than ``MAX_PIXELS``)
+and more than ``MAX_SCANS`` scans (counted before any is decoded). A refused file is a bad file: callers
+never hand it to a more lenient decoder. ``UnsupportedJPEGError`` (a ``NotImplementedError``) for valid
+JPEGs this decoder leaves to PIL (CMYK, YCCK, 12-bit, lossless). ``ValueError`` for bad arguments.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from fastloader.errors import CorruptJPEGError, UnsupportedJPEGError
+from fastloader.image.pil import HORIZONTAL_FIRST, PILLOW_13, resize_pass_order
 
 
 def _load_extension() -> Any:
@@ -41,15 +47,26 @@ LIBJPEG_TURBO_VERSION: int | None = _ext.LIBJPEG_TURBO_VERSION if _ext is not No
 # Whether decode_resized's passes run with AVX2 on this CPU (else plain C: the same pixels, slower).
 RESIZE_SIMD: bool = bool(_ext.RESIZE_SIMD) if _ext is not None else False
 MAX_PIXELS = 1 << 28  # larger images are rejected from their header (decompression bombs)
+# More scans than this are refused, counted from the markers before any is decoded (the progressive DoS).
+MAX_SCANS: int = int(_ext.MAX_SCANS) if _ext is not None else 500
 # Threads one decode_resized_batch call may run on: the extension's own limit (16 where it is not built).
 MAX_THREADS: int = int(_ext.MAX_THREADS) if _ext is not None else 16
+# The most filter weights the resize plans for one axis of an image (taps x output pixels): a ``source`` box
+# that would take more is refused (ValueError) before anything is decoded.
+MAX_AXIS_WEIGHTS: int = int(_ext.MAX_AXIS_WEIGHTS) if _ext is not None else 1 << 22
 SCALE_DENOMS = (1, 2, 4, 8)
+# The resize's pass orders (fastloader.image.pil), by the extension's codes.
+PASS_ORDERS = (HORIZONTAL_FIRST, PILLOW_13)
+_pass_order: str | None = None  # None until the first resize sets the installed PIL's
 
 __all__ = [
     "AVAILABLE",
     "LIBJPEG_TURBO_VERSION",
+    "MAX_AXIS_WEIGHTS",
     "MAX_PIXELS",
+    "MAX_SCANS",
     "MAX_THREADS",
+    "PASS_ORDERS",
     "RESIZE_SIMD",
     "SCALE_DENOMS",
     "decode",
@@ -58,11 +75,8 @@ __all__ = [
     "decode_resized_batch",
     "jpeg_info",
     "pack_rgb",
+    "set_pass_order",
 ]
-
-
-# What callers may leave to PIL: the data, never a bug in this path.
-FALLBACK_ERRORS = (UnsupportedJPEGError, CorruptJPEGError)
 
 
 def _module() -> Any:
@@ -72,7 +86,7 @@ def _module() -> Any:
 
 
 def _call(name: str, *args: Any) -> Any:
-    """The extension's ``name(*args)``, its errors as fastloader's (the data's fault: the fallback errors)."""
+    """The extension's ``name(*args)``, its errors as fastloader's (the data's fault: refused or unsupported)."""
     module = _module()
     try:
         return getattr(module, name)(*args)
@@ -80,6 +94,25 @@ def _call(name: str, *args: Any) -> Any:
         raise UnsupportedJPEGError(str(error)) from None
     except module.CorruptJPEG as error:
         raise CorruptJPEGError(str(error)) from None
+
+
+def set_pass_order(order: str) -> str:
+    """Which pass of :func:`decode_resized`'s resize runs first where both change the image, for every thread of
+    the process: one of ``PASS_ORDERS`` (see ``fastloader.image.pil``). Returns the order before. Unset, the
+    first resize sets the installed PIL's (:func:`~fastloader.image.pil.resize_pass_order`), so that the pixels
+    are that PIL's; set it before resizing, not while other threads resize."""
+    global _pass_order
+    if order not in PASS_ORDERS:
+        raise ValueError(f"order must be one of {PASS_ORDERS}, got {order!r}")
+    previous = PASS_ORDERS[_module().set_pass_order(PASS_ORDERS.index(order))]
+    _pass_order = order
+    return previous
+
+
+def _resizer() -> None:
+    """Before a resize: the installed PIL's pass order, unless one was set."""
+    if _pass_order is None:
+        set_pass_order(resize_pass_order())
 
 
 def _check_scale(scale_denom: int) -> None:
@@ -113,7 +146,8 @@ def decode_region(
     The array may cover a little more than the box (columns from an iMCU boundary, whole scaled rows);
     the second value is (ox, oy), the scaled-image coordinates of pixel [0, 0], so the box in array
     coordinates is (x0 / scale_denom - ox, y0 / scale_denom - oy, x1 / scale_denom - ox, ...).
-    Only the box's rows are colour-converted; the rows below it are not even entropy-decoded.
+    Only the box's rows are colour-converted; the rows above and below it are entropy-decoded only (so that
+    a file truncated anywhere is refused, whatever the box).
     ``rgbx``: 4 bytes per pixel (the 4th unspecified), the layout PIL stores RGB in, so that
     ``Image.frombuffer("RGBX", ...)`` wraps the pixels without a copy.
     """
@@ -147,16 +181,19 @@ def decode_resized(
     1/scale_denom; ``crop``: ``source`` is whole pixels and the filter sees no pixel outside it (PIL's crop
     then resize), else the filter reads the decoded neighbours (PIL's resize with a box). ``out``: uint8
     (H, W, 3) with packed pixels, any row stride; mirrored left to right when ``flip``. ``filter_code``: 0 box,
-    1 bilinear, 2 hamming, 3 bicubic, 4 lanczos: PIL's filters, weights and 8-bit passes, the weights in 16
-    bits as Pillow-SIMD keeps them (within two levels of PIL's pixels). Errors as :func:`decode_region`;
-    RuntimeError if the rows decoded for ``box`` do not cover ``source``.
+    1 bilinear, 2 hamming, 3 bicubic, 4 lanczos: PIL's filters, weights and 8-bit passes in the installed PIL's
+    order, the weights in 16 bits as Pillow-SIMD keeps them (Pillow-SIMD's pixels exactly, Pillow's within two
+    levels). Errors as :func:`decode_region`; ValueError also for a ``source`` that is not a box or that no
+    image is large enough for (its filter weights past the extension's limit); RuntimeError if the rows
+    decoded for ``box`` do not cover ``source``.
     """
     _check_scale(scale_denom)
+    _resizer()
     _call("decode_resized", data, box, scale_denom, fast, source, crop, out, flip, filter_code)
 
 
 def decode_resized_batch(
-    jobs: list[tuple[Any, ...]], out: np.ndarray, fast: bool, threads: int = 1
+    jobs: Sequence[tuple[Any, ...]], out: np.ndarray, fast: bool, threads: int = 1
 ) -> list[tuple[int, Exception]]:
     """:func:`decode_resized` for a whole batch, in one call without the GIL in between, on ``threads`` threads
     (the caller's and up to ``threads - 1`` started for the call; at most ``MAX_THREADS``).
@@ -164,10 +201,13 @@ def decode_resized_batch(
     ``out``: uint8 (N, H, W, 3) with packed pixels. Each job: ``(data, box, scale_denom, source, crop, slot,
     rect, flip, filter_code)``, as :func:`decode_resized`'s arguments, the image going to ``out[slot]`` at
     ``rect`` = (u0, v0, u1, v1), already mirrored for ``flip`` (the rest of the slot is left as it is).
-    Returns ``(position in jobs, error)`` for the jobs whose data the extension refused (one of
-    ``FALLBACK_ERRORS``): the caller decodes those another way; every other job's pixels are in ``out``.
-    Bad arguments raise ValueError, rows that miss a job's ``source`` RuntimeError (a planning bug).
+    Returns ``(position in jobs, error)`` for the jobs whose data the extension did not decode: a
+    ``CorruptJPEGError`` (a bad file) or an ``UnsupportedJPEGError`` (a variant for PIL); every other
+    job's pixels are in ``out``.
+    Bad arguments raise ValueError (naming the job), rows that miss a job's ``source`` RuntimeError (a planning
+    bug). ``jobs`` is copied before any job is read: a job's field that changes the caller's list is harmless.
     """
+    _resizer()
     refused = _call("decode_resized_batch", jobs, out, bool(fast), int(threads))
     return [
         (position, UnsupportedJPEGError(message) if unsupported else CorruptJPEGError(message))

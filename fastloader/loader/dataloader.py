@@ -253,7 +253,9 @@ class DataLoaderX(DataLoader[T_co]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``'s output; applies to the next ``iter()`` (persistent workers are
         restarted for it). ValueError for a foreign state or one this loader cannot resume exactly (a
-        ``RandomSampler`` without a generator: use ``shuffle=True``, a generator or ``seed=``)."""
+        ``RandomSampler`` without a generator: use ``shuffle=True``, a generator or ``seed=``; another
+        ``batch_size`` where the rest of the epoch would not be the same samples). Another ``batch_size``
+        resumes at the sample reached."""
         self._cursor.load(state)
         # The iteration in progress is over (torchdata's convention): its producer thread must not go on
         # fetching (with num_workers=0 its dataset may draw from the random state the load puts back).

@@ -7,11 +7,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import BatchSampler, IterableDataset
 
 from fastloader.loader.batch_slots import RingDispatch
 from fastloader.loader.resume_samplers import snapshot_indexer, stateful_indexer
@@ -30,8 +30,9 @@ class Plan:
     epoch: int
     start: int = 0  # global position at which the sampler's order starts (fastloader's samplers, replay)
     layout: int | None = None  # world size that order is laid out for; None: the current one
-    skip: int = 0  # replay: batches of the rebuilt order left out
+    skip: int = 0  # replay: samples of this rank's rebuilt order left out
     before: int = 0  # IterableDataset, Stateful sampler: batches the loop received this epoch before the resume
+    samples_before: int = 0  # samples this rank's loop received this epoch before the resume
     after: frozenset[int] = frozenset()  # batches (from the start) received before, out of order: left out
     rng: torch.Tensor | None = None  # the ordering generator's state when the epoch began
     seed: int | None = None  # TorchRandomSampler's seed for the epoch
@@ -50,13 +51,14 @@ class Indexing:
     indexer: Any  # a Stateful sampler or batch sampler; None: the loader's index sampler as it is
     batch_size: int | None  # batches the indexer's items into lists of this size (None: it yields batches)
     drop_last: bool
+    batched: bool  # each item of the index stream is a batch of indices (else one index: batch_size=None)
 
     @classmethod
     def of(cls, loader: DataLoaderX[Any]) -> Indexing:
         iterable = isinstance(loader.dataset, IterableDataset)
         indexer = None if iterable else stateful_indexer(loader)
         batch_size = None if loader._plan.user_batch_sampler else loader.batch_size
-        return cls(iterable, indexer, batch_size, loader.drop_last)
+        return cls(iterable, indexer, batch_size, loader.drop_last, loader.batch_sampler is not None)
 
 
 class Progress:
@@ -70,6 +72,8 @@ class Progress:
         self.batches = 0  # batches the loop received (or that raised) in this iteration
         self.done = False  # StopIteration reached
         self.prefix = 0  # the first batches of the order, all received
+        self.prefix_samples = 0  # the samples of those batches
+        self._sizes: dict[int, int] = {}  # samples of each batch drawn beyond the prefix
         self.received = set(plan.after)  # received beyond the prefix
         self.workers: dict[int, WorkerState] = dict(plan.workers)
         self.last_worker: int | None = None
@@ -92,6 +96,7 @@ class Progress:
         self.received.add(task if task is not None else self.prefix)
         while self.prefix in self.received:
             self.received.discard(self.prefix)
+            self.prefix_samples += self._sizes.pop(self.prefix, 0)
             self.prefix += 1
 
     def failed(self) -> None:
@@ -107,10 +112,12 @@ class Progress:
             return
         plan = self.plan
         if indexing.indexer is None:
-            stream: Iterator[Any] = itertools.islice(iter(inner), plan.skip, None)
+            stream: Iterator[Any] = _skipped(inner, plan.skip)
         else:
             stream = self._stateful_stream(indexing)
         for ordinal, indices in enumerate(stream):
+            # Before the batch exists: record() counts its samples when the loop receives it.
+            self._sizes[ordinal] = _samples_in(indices, indexing.batched)
             if ordinal not in plan.after:
                 yield ordinal, indices
 
@@ -160,6 +167,25 @@ class EpochIndices:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+def _samples_in(indices: Any, batched: bool) -> int:
+    if not batched:
+        return 1
+    # A batch sampler of the user's may yield any iterable: one without len() is not counted.
+    return len(indices) if isinstance(indices, Sized) else 0
+
+
+def _skipped(inner: Any, skip: int) -> Iterator[Any]:
+    """The index sampler's batches with the first ``skip`` indices of its order left out, unloaded: whole
+    batches when ``skip`` falls on a batch boundary, else the rest of the order batched afresh."""
+    if skip == 0:
+        return iter(inner)
+    if isinstance(inner, BatchSampler):
+        if skip % inner.batch_size == 0:
+            return itertools.islice(iter(inner), skip // inner.batch_size, None)
+        return _batched(itertools.islice(iter(inner.sampler), skip, None), inner.batch_size, inner.drop_last)
+    return itertools.islice(iter(inner), skip, None)  # batch_size=None: one index at a time
 
 
 def _batched(indices: Iterator[Any], size: int, drop_last: bool) -> Iterator[list[Any]]:

@@ -19,6 +19,10 @@ The cursor is the one home of what ``state_dict()`` saves and ``load_state_dict(
   (the seed torch's RandomSampler draws, see ``TorchRandomSampler``; a generator's state when the epoch
   began; the epoch of a DistributedSampler) and the batches already received are left out, unloaded. A
   ``RandomSampler`` without a generator that the user passed is refused: nothing records its draw.
+* Positions are in samples of the epoch's order (the state records the size of the batches it counts), so a
+  loader with another ``batch_size`` resumes at the very sample reached and batches the rest at its own size;
+  where the rest cannot be the same samples (``drop_last``, out-of-order batches, a replayed IterableDataset)
+  ``load_state_dict`` refuses it (``fastloader.loader.resume_samplers``).
 * The workers' side (each worker's dataset / iterator state and random generators, restored in the worker
   that plays its role): ``fastloader.loader.worker_state``.
 """
@@ -36,6 +40,7 @@ from torch.utils.data import IterableDataset
 
 from fastloader.loader.epoch_progress import Indexing, Plan, Progress
 from fastloader.loader.resume_samplers import (
+    batch_unit,
     ordering_generator,
     place,
     sampler_epoch,
@@ -43,7 +48,7 @@ from fastloader.loader.resume_samplers import (
     seed_of,
     world_of,
 )
-from fastloader.loader.resume_state import check_state, encode_rng, encode_workers
+from fastloader.loader.resume_state import VERSION, check_state, encode_rng, encode_workers
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers.torch_random import TorchRandomSampler
 from fastloader.torch_internals import persistent_iterator
@@ -217,10 +222,12 @@ class ResumeCursor:
         if not iterable:  # a map-style dataset's workers need their count for nothing
             workers = {key: state for key, state in workers.items() if _kept(state)}
         count = progress.plan.before + (progress.batches if iterable else progress.prefix)
+        received = progress.batches * (loader.batch_size or 1) if iterable else progress.prefix_samples
         sampler_state = progress.sampler_after_prefix()
         after = sorted(ordinal - progress.prefix for ordinal in progress.received)
         seeds = (progress.rng, progress.seed, progress.base_seed)
-        return self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after)
+        samples = progress.plan.samples_before + received
+        return self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after, samples)
 
     def _encode(
         self,
@@ -233,6 +240,7 @@ class ResumeCursor:
         workers: Mapping[int, WorkerState],
         next_worker: int,
         after: list[int] | None = None,
+        samples: int | None = None,
     ) -> dict[str, Any]:
         loader = self.loader
         sampler = loader.sampler
@@ -240,17 +248,17 @@ class ResumeCursor:
         layout = plan.layout or world
         batch = loader.batch_size or 1
         total = sampler_size(sampler, layout)
+        # The iteration's batches, all of `batch` samples but the epoch's last: the cut at `total` covers it.
         position = plan.start + count * batch * world
-        samples = count * batch
         if total is not None:
             position = min(position, total)
-            samples = min(samples, len(sampler))  # type: ignore[arg-type]
         encoded = encode_workers(int(loader.num_workers), next_worker, workers) if workers else None
         return {
-            "version": 3,
+            "version": VERSION,
             "epoch": plan.epoch,
-            "samples_yielded": samples,
+            "samples_yielded": plan.samples_before if samples is None else samples,
             "batches_yielded": count,
+            "batch_size": batch_unit(loader),
             "seed": seed_of(loader, seed),
             "world_size": world,
             "rank": rank,

@@ -100,24 +100,104 @@ def place(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
     """The fields of the Plan that resumes ``values`` (a checked state); fastloader's samplers are positioned
     now (their next ``iter()`` starts there). ValueError when this loader cannot resume that state exactly."""
     fields: dict[str, Any] = {"epoch": values["epoch"], "base_seed": values["base_seed"], "after": values["after"]}
+    fields["samples_before"] = values["samples_yielded"]
     fields.update(_workers(loader, values))
     if ordering_generator(loader) is not None:
         fields["rng"] = values["rng"]
     world = values["world_size"]
-    position = values["start"] + values["batches_yielded"] * (loader.batch_size or 1) * world
+    saved = values["batch_size"]
+    unit = saved if saved is not None else (loader.batch_size or 1)
+    # In samples: the saved batches were of the saved batch size, whatever this loader's is.
+    position = values["start"] + values["batches_yielded"] * unit * world
+    changed = _batch_size_changed(loader, values)
     if isinstance(loader.dataset, IterableDataset):
+        if changed:
+            _check_iterable(loader, values)
         fields["before"] = values["batches_yielded"]
         return fields
     indexer = stateful_indexer(loader)
     if indexer is not None:
-        saved = values["sampler"]
+        saved_state = values["sampler"]
         received = values["batches_yielded"] > 0 or values["after"]
-        if received and (saved is None or (saved["sampler"] is None and saved["iterator"] is None)):
+        if received and (saved_state is None or (saved_state["sampler"] is None and saved_state["iterator"] is None)):
             raise _cannot(loader, indexer)
-        fields["sampler"], fields["before"] = saved, values["batches_yielded"]
+        if changed:
+            _check_drop_last(loader, values, values["samples_yielded"])
+        fields["sampler"], fields["before"] = saved_state, values["batches_yielded"]
         return fields
+    if changed:
+        if values["layout"] != world or world_of(loader.sampler)[0] != world:
+            _check_drop_last(loader, values, None)
+        else:
+            _check_drop_last(loader, values, position // world)
     fields.update(_position(loader, values, position))
     return fields
+
+
+def batch_unit(loader: DataLoaderX[Any]) -> int | None:
+    """The samples in each of the loader's batches (the last may be short); None: a batch sampler's own."""
+    if loader._plan.user_batch_sampler:
+        return None
+    return loader.batch_size or 1
+
+
+def _batch_size_changed(loader: DataLoaderX[Any], values: dict[str, Any]) -> bool:
+    """Whether the state's batches were of another size than this loader's, with some received already."""
+    saved, now = values["batch_size"], batch_unit(loader)
+    received = values["batches_yielded"] > 0 or bool(values["after"])
+    if not received or saved is None or now is None or saved == now:
+        return False
+    if values["after"]:
+        raise ValueError(
+            f"the state comes from batch_size={saved} with in_order=False, and {len(values['after'])} of its"
+            f" batches were received out of order: this loader has batch_size={now}; resume it with"
+            f" batch_size={saved} (the next epoch can use any batch_size)"
+        )
+    return True
+
+
+def _check_iterable(loader: DataLoaderX[Any], values: dict[str, Any]) -> None:
+    """An IterableDataset resumes at another batch size only from each worker's own state."""
+    states = values["workers"][2] if values["workers"] is not None else {}
+    replayed = not states or any(
+        state["batches"] > 0 and state["dataset"] is None and state["iterator"] is None for state in states.values()
+    )
+    if replayed:
+        raise ValueError(
+            f"the state comes from batch_size={values['batch_size']}, this loader has batch_size={batch_unit(loader)}:"
+            f" {type(loader.dataset).__name__} (an IterableDataset without state_dict / load_state_dict) resumes by"
+            " making its batches again, which needs the same batch_size: resume with"
+            f" batch_size={values['batch_size']}, or give the dataset the Stateful protocol"
+        )
+
+
+def _check_drop_last(loader: DataLoaderX[Any], values: dict[str, Any], consumed: int | None) -> None:
+    """With drop_last, another batch size drops another tail of the epoch's rest: refuse it where it would.
+
+    ``consumed``: the samples of this rank's order already received (None: not known, the epoch re-split)."""
+    if not loader.drop_last:
+        return
+    saved, now = values["batch_size"], batch_unit(loader)
+    if saved is None or now is None:
+        return
+    try:
+        length = len(loader.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        length = None
+    if consumed is not None and length is not None:
+        rest = max(length - consumed, 0)
+        if rest - rest % saved == rest - rest % now:
+            return  # the same samples are dropped at either size
+        detail = (
+            f"of the {rest} samples left on this rank, batch_size={saved} would leave out {rest % saved},"
+            f" batch_size={now} {rest % now}"
+        )
+    else:
+        detail = "the epoch is re-split over another number of ranks, so the tail each rank leaves out would differ"
+    raise ValueError(
+        f"the state comes from batch_size={saved} with drop_last=True, this loader has batch_size={now}:"
+        f" {detail}: resume with batch_size={saved}, or with drop_last=False"
+    )
 
 
 def _workers(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -187,8 +267,8 @@ def _replay(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> 
         sampler.set_epoch(values["epoch"])
     size = sampler_size(sampler, world)
     position = min(position, size) if size is not None else position
-    unit = (loader.batch_size or 1) * world
-    return {"start": position, "layout": world, "skip": -(-position // unit), "seed": seed}
+    # Samples of this rank's order left out: a multiple of the new batch size or not.
+    return {"start": position, "layout": world, "skip": position // world, "seed": seed}
 
 
 def _cannot(loader: DataLoaderX[Any], indexer: Any) -> ValueError:

@@ -1,16 +1,22 @@
 """The resume state of a DataLoaderX, as data: what ``state_dict()`` returns and ``load_state_dict()`` reads.
 
-Version 3 (versions 1 and 2, without the last five keys, still load)::
+Version 4 (versions 1 to 3, without ``batch_size`` and older ones without the keys after ``layout``, still
+load)::
 
-    {"version": 3, "epoch": e, "samples_yielded": n, "batches_yielded": k, "seed": s,
+    {"version": 4, "epoch": e, "samples_yielded": n, "batches_yielded": k, "batch_size": b, "seed": s,
      "world_size": W, "rank": r, "start": g, "layout": L, "rng": "<base64>" or "",
      "base_seed": int or None, "after": [ordinals], "sampler": {...} or None,
      "workers": {"num_workers": N, "next_worker": w, "states": {"0": {...}, ...}} or None}
 
-* ``batches_yielded``: batches this rank's training loop received, in the order of indices without a gap
-  (with ``in_order=False`` the ones it received beyond that are ``after``, counted from there); the
-  position reached in the epoch's global order is ``start + k * batch_size * W`` (``L`` ranks; ``L == W``
-  unless the iteration itself resumed at another world size).
+* ``batches_yielded``: batches this rank's training loop received since the iteration began, in the order
+  of indices without a gap (with ``in_order=False`` the ones it received beyond that are ``after``, counted
+  from there), each of ``batch_size`` samples (None: a batch sampler of the user's, or ``batch_size=None``);
+  the position reached in the epoch's global order is ``start + k * b * W`` (``L`` ranks; ``L == W``
+  unless the iteration itself resumed at another world size). That position is in samples, so a loader
+  with another ``batch_size`` resumes at the same sample. ``samples_yielded``: the samples this rank's
+  loop received this epoch, the part before a resume included. A state before version 4 has no
+  ``batch_size``: it is ``samples_yielded / batches_yielded`` (rounded up: the epoch's last batch may be
+  short, and a short last batch means the epoch was received to its end).
 * ``seed`` / ``rng``: what decides the order (fastloader's samplers' seed; the seed torch's RandomSampler
   draws for the epoch; the ordering generator's state when the epoch began); ``base_seed``: the seed of
   the epoch's workers (``torch.utils.data.get_worker_info().seed`` is ``base_seed + worker id``).
@@ -36,13 +42,14 @@ import torch
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers._epoch import check_nonnegative_int
 
-VERSION = 3
+VERSION = 4
 _KEYS_V1 = frozenset(
     {"version", "epoch", "samples_yielded", "batches_yielded", "seed", "world_size", "rank", "start", "layout"}
 )
 _KEYS_V2 = _KEYS_V1 | {"rng"}
-KEYS = _KEYS_V2 | {"base_seed", "after", "sampler", "workers"}
-_EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, VERSION: KEYS}
+_KEYS_V3 = _KEYS_V2 | {"base_seed", "after", "sampler", "workers"}
+KEYS = _KEYS_V3 | {"batch_size"}
+_EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V3, VERSION: KEYS}
 
 
 def encode_bytes(raw: bytes) -> str:
@@ -131,13 +138,14 @@ def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"DataLoaderX state must be a mapping, got {type(state).__name__}")
     version = state.get("version")
     if isinstance(version, bool) or version not in _EXPECTED:
-        raise ValueError(f"DataLoaderX state version {version!r} is not supported (expected 1, 2 or {VERSION})")
+        raise ValueError(f"DataLoaderX state version {version!r} is not supported (expected 1 to {VERSION})")
     expected = _EXPECTED[version]
     if set(state) != expected:
         raise ValueError(f"not a DataLoaderX state: expected the keys {sorted(expected)}, got {sorted(state)}")
     values: dict[str, Any] = {key: check_nonnegative_int(state[key], f"state[{key!r}]") for key in sorted(_KEYS_V1)}
     if values["world_size"] < 1 or values["layout"] < 1:
         raise ValueError("state['world_size'] and state['layout'] must be >= 1")
+    values["batch_size"] = _batch_size(state, values)
     values["rng"] = decode_rng(state.get("rng", ""))
     base_seed = state.get("base_seed")
     values["base_seed"] = None if base_seed is None else int(base_seed)
@@ -152,3 +160,20 @@ def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
     workers = state.get("workers")
     values["workers"] = None if workers is None else decode_workers(workers)
     return values
+
+
+def _batch_size(state: Mapping[str, Any], values: dict[str, Any]) -> int | None:
+    """The size of the batches ``batches_yielded`` counts; None: not known (no batch yet) or not fixed."""
+    if "batch_size" in state:
+        size = state["batch_size"]
+        if size is None:
+            return None
+        size = check_nonnegative_int(size, "state['batch_size']")
+        if size < 1:
+            raise ValueError("state['batch_size'] must be None or an int >= 1")
+        return size
+    batches, samples = values["batches_yielded"], values["samples_yielded"]
+    if batches == 0:
+        return None
+    # Before version 4: samples_yielded was batches_yielded * batch_size, cut at the sampler's length.
+    return max(1, -(-samples // batches))

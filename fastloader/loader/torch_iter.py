@@ -75,13 +75,10 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     if workers:
         loader.check_worker_number_rationality()
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
-        stopped = ring.workers_stopped if ring is not None else None
         recovery = None
         if policy is not None and marks is not None:
             recovery = functools.partial(WorkerRestarts, policy=policy, dataset=loader.dataset, marks=marks)
-        return MultiProcessIterStartingAt(
-            view, functools.partial(_next_worker, cursor), on_shutdown=stopped, recovery=recovery
-        )
+        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring, recovery=recovery)
     return _single_process(loader, view, progress)
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -406,7 +407,7 @@ class WorkerRestarts:
         return out
 
     def _substitute(self, sample: int) -> int:
-        for candidate in self.policy.substitutes(sample):
+        for candidate in self.policy.substitutes(sample, functools.partial(_key, self.dataset)):
             if candidate not in self.killers:
                 return candidate
         raise TooManyBadSamples(f"sample {sample} and the samples after it all kill DataLoader workers")

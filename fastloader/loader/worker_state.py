@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
@@ -303,6 +304,9 @@ class WorkerStart:
         # This process is one of this loader's workers: torch's worker loop makes its fetcher right after
         # this function returns (and again each epoch with persistent workers).
         install_fetcher_factory(agent.create_fetcher)
+        # Forked from the training process, this worker holds on to the batches that process held, and its
+        # batch ring keeps their slots while it may see them (fastloader.image.ring_fork): it never reads them.
+        ring_fork.let_go_inherited()
         if self.ring is not None:
             attach(self.ring)
         if self.marks is not None:

@@ -10,10 +10,10 @@ on this machine, one writer, a sink that owns durability), a pack to ``s3://`` (
 the local engine into a staging directory, then an upload, the manifest last) and ``engine="ray"``
 (``fastloader.pack.ray_engine``: the local engine's per-item code on a Ray cluster).
 
-Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
-fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues where
-it stopped: 0 samples lost, 0 duplicated. A destination holding a pack with another fingerprint is a
-clear error, never a silent mix.
+Resume: the options and digests of the source (kind, count, every item's name, size, mtime and
+label) form the pack's fingerprint. Run again with the same arguments after a kill (even SIGKILL), a
+pack continues where it stopped: 0 samples lost, 0 duplicated. A destination holding a pack with
+another fingerprint is a clear error, never a silent mix.
 
 Bad inputs never abort a pack: an item that cannot be read, is empty or does not decode is
 skipped with its reason, counted in the summary (grouped by reason) and listed in
@@ -34,12 +34,14 @@ import os
 from typing import Any
 
 from fastloader.datasets.base import Source
+from fastloader.pack.dest_lock import destination_lock
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE
 from fastloader.pack.local import pack_local
+from fastloader.pack.overlap import check_apart
 from fastloader.pack.ray_engine import pack_on_ray  # imports Ray only when it runs
-from fastloader.pack.remote import pack_to_remote
+from fastloader.pack.remote import pack_to_remote, staging_dir
 from fastloader.pack.summary import PackSummary
-from fastloader.remote.url import is_remote
+from fastloader.remote.url import S3Url, is_remote
 
 
 def pack(
@@ -58,6 +60,7 @@ def pack(
     map_size: int = DEFAULT_MAP_SIZE,
     engine: str = "local",
     ray_address: str | None = None,
+    break_lock: bool = False,
 ) -> PackSummary:
     """Pack ``src`` (a path, or any :class:`~fastloader.datasets.Source`) into ``dst``, resuming a run cut short.
 
@@ -71,8 +74,14 @@ def pack(
     ``engine="ray"`` packs on a Ray cluster (``ray_address``: ``auto``, ``HOST:PORT``, or None for
     ``RAY_ADDRESS`` or a new local Ray) into tar shards (default) or Parquet files: see
     ``fastloader.pack.ray_engine``.
+
+    One run at a time writes into ``dst``: a second is refused at once with
+    :class:`~fastloader.errors.DestinationLocked` naming the holder (pid, host, since when); a lock left by
+    a run that is gone is taken over, one of another host only with ``break_lock`` (see
+    ``fastloader.pack.dest_lock``). A ``dst`` that is ``src``, is inside it or holds it is a ValueError.
     """
     dst = os.fspath(dst)
+    check_apart(src, dst)
     # What every engine takes; each adds its own (LMDB's commit_every and map_size, Ray's address).
     common: dict[str, Any] = {
         "resize_max_side": resize_max_side,
@@ -83,12 +92,14 @@ def pack(
         "root": root,
         "shard_size": shard_size,
     }
-    if engine == "ray":
-        return pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
-    if engine != "local":
+    if engine not in ("local", "ray"):
         raise ValueError(f"engine must be local or ray, got {engine!r}")
-    if ray_address is not None:
+    if engine == "local" and ray_address is not None:
         raise ValueError("ray_address is for engine='ray' (pass --engine ray)")
-    if is_remote(dst):
-        return pack_to_remote(src, dst, format=format or "tar", **common)
-    return pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)
+    # The driver holds the lock, whatever the engine; an s3:// DST's is its staging directory's on this machine.
+    with destination_lock(staging_dir(S3Url.parse(dst)) if is_remote(dst) else dst, break_lock=break_lock):
+        if engine == "ray":
+            return pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
+        if is_remote(dst):
+            return pack_to_remote(src, dst, format=format or "tar", **common)
+        return pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)

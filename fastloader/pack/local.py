@@ -8,10 +8,11 @@ and owns durability. At most ``2 * workers + 2`` ranges are in flight, so memory
 writer is the slow side. The pool is forked before the sink opens its output (an LMDB environment must
 never cross a fork).
 
-Resume: the options and a digest of the source (kind, count, a sample of keys) form the pack's
-fingerprint. Run again with the same arguments after a kill (even SIGKILL), a pack continues from
-the sink's ``resume_position()``: 0 samples lost, 0 duplicated. A destination holding a pack with
-another fingerprint is a clear error, never a silent mix.
+Resume: the options and digests of the source (its kind, count, and every item's identity: see
+``fastloader.pack.source_items``) form the pack's fingerprint. Run again with the same arguments
+after a kill (even SIGKILL), a pack continues from the sink's ``resume_position()``: 0 samples lost,
+0 duplicated. A destination holding a pack with another fingerprint is a clear error, never a silent
+mix; an item changed since the pack began is named.
 
 The Ray engine (``fastloader.pack.ray_engine``) runs this module's per-item code (:func:`hand_over`)
 and sinks in its tasks; a pack to S3 (``fastloader.pack.remote``) runs :func:`pack_local` into a
@@ -21,7 +22,6 @@ staging directory, then uploads it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
 import time
@@ -29,17 +29,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fastloader.datasets.base import Source
 from fastloader.datasets.sources import open_source
 from fastloader.fields.source import field_kinds
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE, LMDBSink
 from fastloader.pack.readers import Prepared, ReencodeOptions, describe_error, prepared, reader_pool
 from fastloader.pack.sink import Sink
+from fastloader.pack.source_items import check_unchanged, identity, item_digests, record
 from fastloader.pack.summary import PackSummary, report_path, write_report
 from fastloader.world import usable_cpus
 
 OUTPUT_FORMATS = ("lmdb", "tar", "parquet")
-_KEY_SAMPLES = 1000  # source keys hashed into the fingerprint
 
 
 @dataclass
@@ -83,13 +85,17 @@ def _copy(items: Iterator[Prepared], sink: Sink, total: int, start: int, dst: st
 
 
 def pack_fingerprint(
-    source: Source, kind: str, output: str, options: ReencodeOptions, shard_size: int, fields: dict[str, str]
+    source: Source,
+    kind: str,
+    output: str,
+    options: ReencodeOptions,
+    shard_size: int,
+    fields: dict[str, str],
+    digests: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    total = len(source)
-    picks = sorted({round(i * (total - 1) / (_KEY_SAMPLES - 1)) for i in range(_KEY_SAMPLES)}) if total else []
-    digest = hashlib.sha256("\n".join(source.key(i) for i in picks).encode("utf-8", "surrogateescape")).hexdigest()
+    digests = item_digests(source) if digests is None else digests
     fingerprint: dict[str, Any] = {
-        "source": {"kind": kind, "count": total, "keys_sha256": digest},
+        "source": {"kind": kind, "count": len(source), **identity(source, digests)},
         "output": output,
         "resize_max_side": options.resize_max_side,
         "quality": options.quality,
@@ -188,11 +194,14 @@ def pack_local(
         source, kind = open_source(src_name, src_format, root=root)
     workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
     fields = field_kinds(source)
-    fingerprint = pack_fingerprint(source, kind, format, options, shard_size, fields)
+    digests = item_digests(source)
+    fingerprint = pack_fingerprint(source, kind, format, options, shard_size, fields, digests)
+    check_unchanged(dst, source, digests)  # names the first changed item, before the sink's "another pack"
     started = time.monotonic()
     with reader_pool(source, options, workers) as pool:
         sink = _open_sink(dst, format, fingerprint, shard_size, commit_every, map_size, fields)
         try:
+            record(dst, digests)
             start = sink.resume_position()
             items = prepared(source, options, pool, start, workers)
             counts = _copy(items, sink, len(source), start, dst, progress)

@@ -29,11 +29,11 @@ import numpy as np
 from fastloader.errors import FormatError
 from fastloader.formats.field_values import check_kind, check_value, encode_value
 from fastloader.formats.parquet_pack import (
+    FILE_VERSION,
     IMAGE_COLUMN,
     KEY_COLUMN,
     LABEL_COLUMN,
     PACK_FORMAT,
-    PACK_VERSION,
     PART_PREFIX,
     SCHEMA_META_KEY,
     ParquetPackState,
@@ -145,7 +145,7 @@ class _OpenPart:
                 arrow_type = types[kind]
             fields.append(pa.field(self.columns[name], arrow_type))
             described.append(entry)
-        meta = {"format": PACK_FORMAT, "version": PACK_VERSION, "key": KEY_COLUMN, "image": IMAGE_COLUMN}
+        meta = {"format": PACK_FORMAT, "version": FILE_VERSION, "key": KEY_COLUMN, "image": IMAGE_COLUMN}
         meta |= {"label": LABEL_COLUMN, "fields": described}
         return pa.schema(fields, metadata={SCHEMA_META_KEY: json.dumps(meta).encode()})
 

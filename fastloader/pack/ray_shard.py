@@ -28,6 +28,7 @@ rebuild without the source keys).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -109,7 +110,7 @@ class ShardResult:
         return json.dumps(
             {
                 "index": self.index,
-                "shards": [[s.name, s.count, s.end_position] for s in self.shards],
+                "shards": [[s.name, s.count, s.end_position, s.size, s.sha256] for s in self.shards],
                 "skipped": [[s.position, s.key, s.reason] for s in self.skipped],
                 "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,
@@ -123,7 +124,7 @@ class ShardResult:
             raw = json.loads(text)
             result = cls(
                 int(raw["index"]),
-                tuple(ShardRecord(str(n), int(c), int(e)) for n, c, e in raw["shards"]),
+                tuple(ShardRecord(str(n), int(c), int(e), *rest) for n, c, e, *rest in raw["shards"]),
                 tuple(BadSample(int(p), str(k), str(r)) for p, k, r in raw["skipped"]),
                 int(raw["bytes_in"]),
                 int(raw["bytes_out"]),
@@ -240,7 +241,10 @@ def write_shard(job: ShardJob, index: int) -> ShardResult:
     start = job.positions(index).start
     return ShardResult(
         index,
-        tuple(ShardRecord(name, r.count, r.end_position + start) for name, r in zip(names, staged.shards)),
+        tuple(
+            dataclasses.replace(r, name=name, end_position=r.end_position + start)
+            for name, r in zip(names, staged.shards)
+        ),
         tuple(BadSample(s.position + start, s.key, s.reason) for s in staged.skipped),
         counts.bytes_in,
         counts.bytes_out,

@@ -5,9 +5,11 @@ A pool of reader processes takes ranges of source positions (``_CHUNK`` at a tim
 local engine (``fastloader.pack.local``). An item that cannot be read, is empty or does not decode
 becomes a skip with its reason: one bad file never aborts a pack of many hours.
 
-Without re-encoding every image is still decoded once to prove it whole: JPEGs at 1/8 scale in
-grayscale (libjpeg still parses the whole entropy-coded stream, so a truncated or corrupt file
-fails, for a fraction of a full decode's cost).
+Every image is decoded once to prove it whole, with the checks training's decoder makes: plain JPEGs by
+the JPEG extension at 1/8 scale (``fastloader.image.decode.check_whole``: every row entropy-decoded, and
+libjpeg's warnings of lost data, a truncation closed by an end marker included, are errors, as are the
+scan and pixel limits), the rest by PIL (in grayscale at 1/8 scale for other JPEGs). A file that training
+would refuse is never packed nor reported good.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import Any, NamedTuple
 
 from fastloader.datasets.base import Source
 from fastloader.fields.source import field_kinds, read_fields
+from fastloader.image.decode import check_whole
 from fastloader.image.pil import open_image, to_rgb
+from fastloader.pack.orphans import die_with_parent
 
 DEFAULT_QUALITY = 90
 _CHUNK = 32  # positions per reader task: enough to amortise IPC, small enough to keep order cheap
@@ -55,15 +59,19 @@ def _fit(width: int, height: int, limit: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def reencode(data: bytes, options: ReencodeOptions) -> bytes:
-    """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring)."""
+def reencode(data: bytes, options: ReencodeOptions, key: str = "<bytes>") -> bytes:
+    """Check that ``data`` decodes; shrink / re-encode it as ``options`` ask (see the module docstring).
+    Errors name ``key``."""
     from PIL import Image
 
+    checked = check_whole(data, key)  # a plain JPEG, by the extension: what training accepts, and nothing else
     image = open_image(data)
     width, height = image.size
     limit = options.resize_max_side
     shrink = limit is not None and max(width, height) > limit
     if not shrink and options.quality is None:
+        if checked:
+            return data
         image.draft("L", (max(1, width // 8), max(1, height // 8)))  # JPEG only; others decode fully
         image.load()
         return data
@@ -105,7 +113,7 @@ def prepare_item(
     if not data:
         return Prepared(position, key, label, None, "empty: 0 bytes", 0)
     try:
-        packed = reencode(data, options)
+        packed = reencode(data, options, key)
     except Exception as error:
         return Prepared(position, key, label, None, f"undecodable: {describe_error(error)}", len(data))
     return Prepared(position, key, label, packed, "", len(data), fields)
@@ -115,8 +123,9 @@ def prepare_item(
 _worker: tuple[Source, ReencodeOptions, dict[str, str]] | None = None
 
 
-def _init_worker(source: Source, options: ReencodeOptions) -> None:
+def _init_worker(source: Source, options: ReencodeOptions, creator: int, start_method: str) -> None:
     global _worker
+    die_with_parent(creator, start_method)  # a pack killed by SIGKILL takes its readers with it
     _worker = (source, options, field_kinds(source))
     # Ctrl-C reaches the whole process group: the main process handles it and closes the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -134,13 +143,15 @@ def reader_pool(source: Source, options: ReencodeOptions, workers: int) -> Itera
     """Reader processes, all started before the caller opens its output (so that none is forked after).
 
     An executor rather than ``multiprocessing.Pool``: when a reader dies (killed, out of memory, a
-    crash in a decoder) Pool waits forever for its lost task; the executor reports it.
+    crash in a decoder) Pool waits forever for its lost task; the executor reports it. Each reader dies
+    with this process (``fastloader.pack.orphans``): a pack killed by SIGKILL leaves none behind.
     """
     if workers == 0:
         yield None
         return
     context = multiprocessing.get_context()
-    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(source, options))
+    initargs = (source, options, os.getpid(), context.get_start_method())
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=initargs)
     try:
         executor.submit(os.getpid).result()  # the first task starts every reader
         yield executor

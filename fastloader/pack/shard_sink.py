@@ -9,10 +9,10 @@ An item is checked and encoded whole before any of it is written (``add`` raises
 written nothing, for an item the format cannot hold). Durability comes in whole files: a file is
 written under a hidden temporary name, fsynced, renamed into place, checked (the tar sink indexes it,
 the Parquet sink reads its footer back), the directory fsynced, and only then recorded in the
-progress file (atomically replaced). The recorded position never runs past the last recorded file.
-A run killed at any moment leaves at most one unrecorded file (temporary, or renamed with or
-without its index), which the next run deletes and rewrites from the recorded source position: 0
-samples lost, 0 duplicated.
+progress file (atomically replaced) with its size and the SHA-256 of its bytes. The recorded position
+never runs past the last recorded file. A run killed at any moment leaves at most one unrecorded file
+(temporary, or renamed with or without its index), which the next run deletes and rewrites from the
+recorded source position: 0 samples lost, 0 duplicated.
 
 A write that fails at any step (a full disk, an I/O error) *poisons* the sink: the open file is
 discarded and nothing more is recorded (``add``, ``checkpoint`` and ``finish`` raise RuntimeError
@@ -41,6 +41,7 @@ from fastloader.errors import FormatError
 from fastloader.formats.bad_samples import BadSample
 from fastloader.formats.pack_state import ShardRecord, StateT
 from fastloader.formats.parquet_pack import ParquetPackState
+from fastloader.formats.tar_content import file_sha256
 from fastloader.formats.tar_manifest import TarPackState
 from fastloader.pack.sink import normalize_fingerprint
 from fastloader.storage import atomic_write_bytes
@@ -270,7 +271,14 @@ class ShardedSink(ABC, Generic[StateT, FileT, ItemT]):
         except BaseException:
             self._discard(file)  # a file already renamed into place stays unrecorded: the next run deletes it
             raise
-        self._record((*self._state.shards, ShardRecord(file.name, samples, end_position)), end_position)
+        size, sha256 = self._content(file)
+        record = ShardRecord(file.name, samples, end_position, size, sha256)
+        self._record((*self._state.shards, record), end_position)
+
+    def _content(self, file: FileT) -> tuple[int, str]:
+        """The size and SHA-256 of a committed file's bytes, as the manifest records them (read back once)."""
+        path = self.dst_dir / file.name
+        return path.stat().st_size, file_sha256(path)
 
     def _record(self, shards: tuple[ShardRecord, ...], position: int) -> None:
         """Replace the progress file: ``shards``, and every skipped item below ``position``, are now durable."""

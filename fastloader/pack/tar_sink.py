@@ -3,7 +3,8 @@
 Layout of a destination directory::
 
     shard-000000.tar              members 000000000.jpg, 000000000.cls, 000000000.caption.txt, 000000001.png, ...
-    shard-000000.tar.fl-idx       its index (offsets, labels, and the source key of every sample)
+    shard-000000.tar.fl-idx       its index (offsets, labels, the source key of every sample, the digest
+                                  of every member and the shard's SHA-256: fastloader.formats.tar_content)
     ...
     fastloader-tar.progress.json  while packing: completed shards, source position, skipped items
     fastloader-tar.json           written by finish(), last: the commit point that makes it readable
@@ -33,9 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from fastloader.errors import FormatError
 from fastloader.formats.field_values import check_value, encode_value
 from fastloader.formats.index_file import pack_strings
+from fastloader.formats.tar_content import member_digest
 from fastloader.formats.tar_manifest import TarPackState, field_members
 from fastloader.formats.tar_shards import IMAGE_EXTS, build_shard_index, default_index_path
 from fastloader.pack.shard_sink import ShardedSink
@@ -74,8 +78,11 @@ class _OpenShard:
         # pax only where a name needs it (a long field extension): other headers are plain ustar.
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT)
         self.source_keys: list[str] = []  # one shard's worth, dropped when it closes
+        self.digests: list[int] = []  # each member's (tar_content.member_digest), in tar order
+        self.content: tuple[int, str] | None = None  # its size and SHA-256, once indexed
 
     def add_member(self, name: str, data: bytes, mtime: int) -> None:
+        self.digests.append(member_digest(name, data))
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = len(data), mtime, 0o644
         self.tar.addfile(info, io.BytesIO(data))
@@ -196,11 +203,22 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
             str(final),
             default_index_path(final),
             IMAGE_EXTS,
-            {"source_key_blob": key_blob, "source_key_offsets": key_offsets},
+            {
+                "source_key_blob": key_blob,
+                "source_key_offsets": key_offsets,
+                "member_digest": np.array(shard.digests, dtype=np.uint64),
+            },
+            content_hash=True,
         )
         if index.meta["samples"] != len(shard.source_keys):
             raise FormatError(f"{final}: indexed {index.meta['samples']} samples, wrote {len(shard.source_keys)}")
+        shard.content = int(index.meta["shard_size"]), str(index.meta["content_sha256"])
         return len(shard.source_keys)
+
+    def _content(self, file: _OpenShard) -> tuple[int, str]:
+        if file.content is None:
+            raise RuntimeError(f"{file.name}: not indexed")
+        return file.content  # hashed when indexed: the bytes are not read a third time
 
     def _discard(self, shard: _OpenShard) -> None:
         shard.discard()

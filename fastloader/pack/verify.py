@@ -18,12 +18,17 @@ shard listed twice, counts and end positions that account for every source posit
 index, a Parquet file's footer), no data file may lie beside it unrecorded, and the samples plus the
 skipped items must be the items of the source it records (for an LMDB too).
 
+For both, every data file is then read whole against the size and SHA-256 the manifest records
+(``fastloader.pack.verify_content``): a flipped byte anywhere, an edited label, an appended member,
+a file of another pack or two files swapped; in a tar shard, each changed, added or missing member
+is named (from the digests its index recorded when packed). The manifest's class names must be
+those of the source packed. A pack written before these hashes were recorded cannot be checked so,
+and the report says so: it is not OK.
+
 For tar shards written by ``fastloader pack --format tar``: every sample must be readable, every
 field member of every sample must decode as the kind the manifest records (a ``.json`` that is not
 JSON, an ``.npy`` that is not an array), and the shards must hold no member extension the manifest
-does not record. Tar members carry no checksum
-of their data, so a flipped byte inside an image (or a byte string) is only found in an LMDB or in
-Parquet files.
+does not record.
 
 For Parquet files written by ``fastloader pack --format parquet``: every row group must read with its
 page checksums verified, every row must have an image, and every field value must decode as its
@@ -180,7 +185,10 @@ def _verify_lmdb(path: str, show_progress: bool) -> VerifyReport:
     except lmdb.Error as error:  # a structure the offline walk could not judge (or an older py-lmdb)
         return VerifyReport(path, "lmdb", 0, 0, (f"{path}: LMDB error while reading ({error})",))
     meta = handle.meta
+    from fastloader.pack.verify_content import classes_problems
+
     problems = [*_source_count_problems(path, meta.fingerprint, meta.count, meta.num_skipped), *check.problems]
+    problems += classes_problems(path, meta.fingerprint, meta.classes)
     return VerifyReport(path, "lmdb", meta.count, check.checked, tuple(problems), tuple(check.bad))
 
 
@@ -243,10 +251,25 @@ def _each_sample(
     return bad
 
 
-def _tar_samples(shard: str) -> int:
+def _tar_samples(state: PackState) -> Callable[[str], int]:
     from fastloader.formats.tar_shards import load_shard_index
+    from fastloader.pack.verify_content import expected_of
 
-    return int(load_shard_index(shard).meta["samples"])  # rebuilt when the shard changed since it was indexed
+    recorded = {shard.name: expected_of(shard) for shard in state.shards}
+
+    def samples(shard: str) -> int:  # rebuilt when the shard changed since it was indexed
+        return int(load_shard_index(shard, expected=recorded.get(os.path.basename(shard))).meta["samples"])
+
+    return samples
+
+
+def _content_check(path: str, state: PackState, members: bool) -> tuple[list[str], list[str]]:
+    """(the problems of the files' bytes and class names, the line saying the bytes cannot be checked, if so)."""
+    from fastloader.pack.verify_content import classes_problems, content_problems, unhashed_problem
+
+    unhashed = unhashed_problem(path, state)
+    bytes_problems = content_problems(path, state, members)
+    return bytes_problems + classes_problems(path, state.fingerprint, state.classes), [unhashed] if unhashed else []
 
 
 def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
@@ -255,13 +278,17 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
 
     state = TarPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems = _manifest_problems(path, state, "index", _tar_samples, ".tar")
-    if problems:
+    problems, unchecked = _content_check(path, state, members=True)
+    if problems:  # reported before the shards' indexes are read: a reader would refuse a changed shard
+        problems += _unrecorded_file_problems(path, state, ".tar")
+        return VerifyReport(path, "tar", expected, 0, tuple(unchecked + problems))
+    problems = unchecked + _manifest_problems(path, state, "index", _tar_samples(state), ".tar")
+    if len(problems) > len(unchecked):
         return VerifyReport(path, "tar", expected, 0, tuple(problems))
     try:
         source = TarShardSource(path)
     except FormatError as error:  # a shard that no longer parses (truncated, overwritten)
-        return VerifyReport(path, "tar", expected, 0, (str(error),))
+        return VerifyReport(path, "tar", expected, 0, (*problems, str(error)))
     if len(source) != expected:
         problems.append(f"{path}: {len(source)} samples in the shards, the manifest announces {expected}")
     fields = [name for name in source.field_kinds() if name in state.fields]
@@ -334,13 +361,16 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
 
     state = ParquetPackState.read_manifest(path)  # FormatError if unfinished, or when its numbers disagree
     expected = state.count
-    problems = _manifest_problems(path, state, "footer", footer_rows, ".parquet")
-    if problems:
-        return VerifyReport(path, "parquet", expected, 0, tuple(problems))
+    problems, unchecked = _content_check(path, state, members=False)
+    # A file's bytes name no row: the rows are read on (the page checksums and values name them).
+    problems = unchecked + problems
+    found = _manifest_problems(path, state, "footer", footer_rows, ".parquet")
+    if found:
+        return VerifyReport(path, "parquet", expected, 0, tuple(problems + found))
     try:
         source = ParquetSource(path, verify_checksums=True)
     except FormatError as error:
-        return VerifyReport(path, "parquet", expected, 0, (str(error),))
+        return VerifyReport(path, "parquet", expected, 0, (*problems, str(error)))
     if len(source) != expected:
         problems.append(f"{path}: {len(source)} rows in the files, the manifest announces {expected}")
     if source.field_kinds() != state.fields:

@@ -86,17 +86,19 @@ def test_a_batch_of_good_samples_is_the_same_under_any_policy(folder: Path, mode
 def test_a_batch_with_bad_samples_is_what_image_by_image_gives(folder: Path) -> None:
     """A batch that holds bad samples goes image by image from where it started: the substitutes and the random
     crops of each item as one at a time gives them (replace), the good ones alone (skip)."""
-    ds = ImageFolder(folder, transform=TRAIN, index_path=folder.parent / "index")
+    ds, one_by_one = (ImageFolder(folder, transform=TRAIN, index_path=folder.parent / "index") for _ in range(2))
+    # Each its own quarantine: both meet the bad samples for the first time (found bad, they are never read again).
     ds.set_error_policy("replace", quarantine=folder.parent / "q.tsv")
+    one_by_one.set_error_policy("replace", quarantine=folder.parent / "q1.tsv")
     everything = list(range(len(ds)))
     torch.manual_seed(2)
     batch = ds.__getitems__(everything)
     torch.manual_seed(2)
-    items = [ds[i] for i in everything]
+    items = [one_by_one[i] for i in everything]
     assert torch.equal(batch.images, torch.stack([image for image, _ in items]))
     assert batch.labels.tolist() == [label for _, label in items] and ds.error_stats()["bad_samples"] == 3
     fixed = dataset(folder, fused=True)
-    fixed.set_error_policy("skip", quarantine=folder.parent / "q.tsv")
+    fixed.set_error_policy("skip", quarantine=folder.parent / "q2.tsv")
     good = [i for i in everything if fixed.source.key(i) not in BAD]
     skipped = fixed.__getitems__(everything)
     assert torch.equal(skipped.images, torch.stack([fixed[i][0] for i in good]))

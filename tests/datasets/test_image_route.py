@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import fastloader.datasets.base as base
 from fastloader import transforms as T
+from fastloader.datasets import base, batch_route, cache_route, fields_route
 from fastloader.datasets.base import ImageDataset
 from fastloader.fields import Boxes, Mask
 from fastloader.image.batching import EncodedImage, PrecollatedBatch
@@ -43,7 +43,8 @@ def route(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
     monkeypatch.setattr(FusedTransform, "decode_planned", decode_planned)
     monkeypatch.setattr(FusedTransform, "decode_batch", decode_batch)
-    monkeypatch.setattr(base, "timed", timed)
+    for module in (base, batch_route, cache_route, fields_route):  # every route that times a stage
+        monkeypatch.setattr(module, "timed", timed)
     yield seen
 
 

@@ -6,6 +6,8 @@ import hashlib
 import json
 import pickle
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fastloader import transforms as T
 from fastloader.datasets.base import ImageDataset
 from fastloader.datasets.lmdb import LMDBDataset, LMDBSource
 from fastloader.errors import FormatError
@@ -183,3 +186,26 @@ def test_a_packed_detection_dataset_gives_the_samples_its_source_gives(tmp_path:
         assert sorted(got["target"]) == ["boxes", "labels"] and len(got["target"]["boxes"]) > 0
         for name in ("boxes", "labels"):
             assert torch.equal(got["target"][name], expected["target"][name])
+
+
+def test_a_record_rewritten_after_the_decoded_cache_was_filled_is_served_new(packed, tmp_path: Path) -> None:
+    """A record the cache's fingerprint does not sample is rewritten in the pack with another image after the
+    cache was filled: its record header (length, CRC32C) changed, so the next epoch decodes it, not the old."""
+    path, items = packed
+    copy = tmp_path / "copy.lmdb"
+    shutil.copytree(path, copy)
+    transform = T.Compose([T.Resize(40), T.CenterCrop(32)])
+    dataset = LMDBDataset(copy, transform=transform)
+    dataset.set_cache(tmp_path / "eval.cache")
+    everything = list(range(len(dataset)))
+    before = dataset.__getitems__(everything).images
+    sampled = {int(i) for i in np.linspace(0, len(dataset) - 1, num=16)}
+    edited = next(index for index in everything if index not in sampled)
+    value = records.encode_record(items[edited][1], items[0][2])
+    script = f"import lmdb\nwith lmdb.open({str(copy)!r}) as env, env.begin(write=True) as txn:\n"
+    script += f"    txn.put({records.record_key(edited)!r}, {value!r})\n"
+    subprocess.run([sys.executable, "-c", script], check=True)  # another process: as a re-pack would
+    after = dataset.__getitems__(everything).images
+    assert torch.equal(after[edited], before[0]) and not torch.equal(after[edited], before[edited])
+    assert torch.equal(after, LMDBDataset(copy, transform=transform).__getitems__(everything).images)
+    assert torch.equal(dataset[edited][0], before[0])

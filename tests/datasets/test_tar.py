@@ -267,6 +267,8 @@ def test_a_pack_of_the_previous_version_still_reads(tmp_path: Path, monkeypatch:
     sink.finish(["a", "b", "c"], {})
     manifest = json.loads((dst / MANIFEST_NAME).read_text())
     del manifest["fields"]
+    for shard in manifest["shards"]:  # v1 recorded no content hashes
+        del shard["size"], shard["sha256"]
     (dst / MANIFEST_NAME).write_text(json.dumps({**manifest, "version": 1}))
     for path in dst.glob("*.fl-idx"):
         index_as_version_1(path)

@@ -33,7 +33,7 @@ def test_tar_state_bytes(tmp_path: Path) -> None:
     expected = {"fingerprint": {"n": 3, "a": [1]}, "prefix": "x", "created": 7, "position": 4, "shards": [SHARD]}
     expected |= {"skipped": SKIPPED, "complete": True, "classes": ["a"], "meta": {"m": 1}}
     expected |= {"fields": {"Caption": {"kind": "text", "extension": "caption.txt"}}}
-    expected |= {"format": "fastloader-tar", "version": 2, "count": 2}
+    expected |= {"format": "fastloader-tar", "version": 3, "count": 2}
     assert state.to_json() == json.dumps(expected, indent=1).encode()
     (tmp_path / "state.json").write_bytes(state.to_json())
     assert TarPackState.read(tmp_path / "state.json") == state
@@ -43,12 +43,12 @@ def test_parquet_state_bytes(tmp_path: Path) -> None:
     state = ParquetPackState(fields={"c": "text"}, **COMMON)
     expected = {"fingerprint": {"n": 3, "a": [1]}, "created": 7, "fields": {"c": "text"}, "position": 4}
     expected |= {"shards": [SHARD], "skipped": SKIPPED, "complete": True, "classes": ["a"], "meta": {"m": 1}}
-    expected |= {"format": "fastloader-parquet", "version": 1, "count": 2}
+    expected |= {"format": "fastloader-parquet", "version": 2, "count": 2}
     assert state.to_json() == json.dumps(expected, indent=1).encode()
     (tmp_path / "state.json").write_bytes(state.to_json())
     assert ParquetPackState.read(tmp_path / "state.json") == state
-    with pytest.raises(FormatError, match="unreadable Parquet pack state .*expected 'fastloader-parquet' v1"):
-        ParquetPackState.read(_with(tmp_path, version=2))
+    with pytest.raises(FormatError, match="unreadable Parquet pack state .*expected 'fastloader-parquet' v1 or v2"):
+        ParquetPackState.read(_with(tmp_path, version=3))
     with pytest.raises(FormatError, match="bad file name '../x'"):
         ParquetPackState.read(_with(tmp_path, shards=[{**SHARD, "name": "../x"}]))
 
@@ -60,6 +60,16 @@ def _with(tmp_path: Path, **changes: object) -> Path:
 
 
 SECOND = {"name": "x-000001.tar", "count": 2, "end_position": 6}
+HASH = "0123456789abcdef" * 4
+
+
+def test_a_file_s_size_and_hash_read_back_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    state = TarPackState(prefix="x", **{**COMMON, "shards": (ShardRecord("x-000000.tar", 2, 3, 10240, HASH),)})
+    (tmp_path / "state.json").write_bytes(state.to_json())
+    assert TarPackState.read(tmp_path / "state.json") == state
+    for bad in ({"size": 10240}, {"size": -1, "sha256": HASH}, {"size": 1, "sha256": "ABC"}):
+        with pytest.raises(FormatError, match="bad (size|sha256)"):
+            TarPackState.read(_with(tmp_path, shards=[{**SHARD, **bad}]))
 
 
 @pytest.mark.parametrize(

@@ -59,9 +59,9 @@ def test_random_crops_through_the_pinned_ring_equal_those_without_it() -> None:
 def test_a_pinned_ring_batch_passes_torchs_pin_memory_step_untouched() -> None:
     ring = LoaderRing(2, 4 * 32 * 32 * 3, DEVICE)
     assert ring.ring.pinned
-    slot = ring.book.take(object())
-    assert slot is not None
-    view = ring.ring.view(slot)[: 4 * 32 * 32 * 3].view(4, 32, 32, 3).permute(0, 3, 1, 2)
+    taken = ring.book.take(object())
+    assert taken is not None
+    view = ring.ring.view(*taken)[: 4 * 32 * 32 * 3].view(4, 32, 32, 3).permute(0, 3, 1, 2)
     assert view.is_pinned()
     timed = TimedBatch([view, torch.arange(4)], None).pin_memory()
     assert timed.batch[0].data_ptr() == view.data_ptr()  # no pinned copy: the DMA reads the worker's slot
@@ -72,9 +72,9 @@ def test_a_slot_comes_back_only_after_its_copy_has_completed() -> None:
     ring = LoaderRing(2, 64 << 20, DEVICE)
     copier = CudaCopier(DEVICE, non_blocking=True)
     consumer = torch.cuda.current_stream(DEVICE)
-    slot = ring.book.take(object())
-    assert slot is not None
-    host = ring.ring.view(slot)
+    taken = ring.book.take(object())
+    assert taken is not None
+    host = ring.ring.view(*taken)
     host.fill_(5)
     slow_gpu(DEVICE)  # the side stream waits for the consumer's queued work before it copies
     in_flight = copier.send([host], consumer)

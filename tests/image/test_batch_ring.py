@@ -15,6 +15,7 @@ import torch
 
 from fastloader.image import batch_ring
 from fastloader.image.batch_ring import BatchRing, RingHandle, SlotRef
+from fastloader.torch_internals import storage_gone
 
 
 class Keeper:
@@ -24,18 +25,22 @@ class Keeper:
         self.dispatched: set[int] = set()
         self.held_slots: set[int] = set()
         self.freed: list[int] = []
+        self.moved: list[tuple[int, int]] = []
 
-    def held(self, slot: int) -> None:
+    def held(self, slot: int, ticket: int) -> None:
         if slot not in self.dispatched:
             raise RuntimeError(f"slot {slot} not dispatched")
         self.dispatched.discard(slot)
         self.held_slots.add(slot)
 
-    def released(self, slot: int) -> None:
+    def released(self, slot: int, storage: int) -> None:
         self.held_slots.discard(slot)
-        self.freed.append(slot)
+        if storage_gone(storage):
+            self.freed.append(slot)
+        else:
+            self.moved.append((slot, storage))  # the views' storage lives on, its data elsewhere
 
-    def arrived(self, slot: int) -> None:
+    def arrived(self, slot: int, ticket: int) -> None:
         if slot in self.dispatched:
             self.dispatched.discard(slot)
             self.freed.append(slot)
@@ -66,10 +71,30 @@ def test_a_slot_is_let_go_exactly_when_its_last_view_goes() -> None:
     assert keeper.freed == [0]
     del pixels
     assert keeper.freed == [0, 1]
+    assert keeper.moved == []
     with pytest.raises(RuntimeError, match="not dispatched"):
         ring.view(0)  # free again: a view of it now would be a view of memory a worker may write
     with pytest.raises(ValueError, match="out of range"):
         ring.view(3)
+
+
+def test_a_slot_whose_storage_moved_its_data_is_not_let_go_while_the_storage_lives() -> None:
+    """share_memory_() (and pickling through a torch.multiprocessing queue) copies a storage's data to new shared
+    memory and frees the slot's memory object; an array made before still points into the slot."""
+    keeper = Keeper()
+    ring = BatchRing(1, 4096, keeper)
+    keeper.dispatched.add(0)
+    images = ring.view(0)[:48].view(4, 4, 3)
+    images.copy_(torch.arange(48, dtype=torch.uint8).view(4, 4, 3))
+    pixels = images.numpy()  # points at the slot, keeps the tensor (not the slot's memory object)
+    images.share_memory_()
+    assert images.is_shared() and keeper.freed == [] and [slot for slot, _ in keeper.moved] == [0]
+    assert pixels.ctypes.data == ring._memory.ctypes.data  # still the slot
+    _, storage = keeper.moved[0]
+    del images
+    assert not storage_gone(storage)  # the array keeps the tensor, and so the storage
+    del pixels
+    assert storage_gone(storage)
 
 
 def test_a_fetch_takes_its_slot_once_and_only_when_the_batch_fits() -> None:

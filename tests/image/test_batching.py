@@ -88,7 +88,7 @@ def test_dataloader_workers_match_the_per_sample_path(folder: Path, collate_fn: 
 
 def test_a_batch_of_large_images_is_decoded_in_parts(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bounded encoded bytes per decode call: the same pixels and draws, in as many calls as the bound asks."""
-    import fastloader.datasets.base as base
+    from fastloader.datasets import batch_route
     from fastloader.transforms.fused import FusedTransform
 
     dataset = ImageFolder(folder, transform=TRAIN)
@@ -101,7 +101,7 @@ def test_a_batch_of_large_images_is_decoded_in_parts(folder: Path, monkeypatch: 
         calls.append(len(blobs))
         real(self, blobs, *args)
 
-    monkeypatch.setattr(base, "_BATCH_BYTES", 20_000)  # a few of these images
+    monkeypatch.setattr(batch_route, "_BATCH_BYTES", 20_000)  # a few of these images
     monkeypatch.setattr(FusedTransform, "decode_batch", counted)
     torch.manual_seed(3)
     parts = dataset.__getitems__(list(range(24)))

@@ -107,7 +107,7 @@ def test_fast_decodes_resize_in_the_extension_as_pil_does(kind: str, monkeypatch
         decode.decode_plan(data, plan, fast=True, out=batch[0, : plan.size[0], : plan.size[1]]).copy() for plan in plans
     ]
     assert len(calls) == len(plans) and (batch[1] == 9).all()
-    monkeypatch.setattr(decode, "_RESAMPLERS", {})  # the PIL resize of the same decoded region
+    monkeypatch.setattr(decode, "RESAMPLERS", {})  # the PIL resize of the same decoded region
     for plan, pixels in zip(plans, ours):
         diff = np.abs(pixels.astype(int) - decode.decode_plan(data, plan, fast=True))
         assert diff.max() <= 2 and diff.mean() < 0.05, plan
@@ -151,9 +151,7 @@ def test_region_decode_scales_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         decode,
         "_jpeg_ext",
-        lambda: types.SimpleNamespace(
-            jpeg_info=ext.jpeg_info, decode_region=spy, pack_rgb=ext.pack_rgb, FALLBACK_ERRORS=ext.FALLBACK_ERRORS
-        ),
+        lambda: types.SimpleNamespace(jpeg_info=ext.jpeg_info, decode_region=spy, pack_rgb=ext.pack_rgb),
     )
     data = photo_bytes("jpeg", 1024, 768, seed=7)
     decode.decode_plan(data, CropPlan((100, 50, 900, 700), (64, 64), False))  # 650 / 64 >= 1.5 * 4
@@ -187,7 +185,7 @@ def test_out_receives_the_pixels() -> None:
         decode.decode_plan(data, CropPlan((0, 0, 10, 10), (4, 4), False, interpolation="cubic"))
 
 
-def test_corrupt_data_falls_back_to_pil_and_names_the_key() -> None:
+def test_corrupt_data_is_a_decode_error_naming_the_key() -> None:
     data = photo_bytes("jpeg", 200, 150, seed=10)
     plan = CropPlan((0, 0, 200, 150), (32, 32), False)
     for bad in (data[:600], data[:2] + b"\x00" * 64, b"GIF89a not really", b""):
@@ -203,17 +201,13 @@ def test_a_region_that_misses_the_box_is_an_error(monkeypatch: pytest.MonkeyPatc
     ) -> object:
         return np.zeros((4, 4, 4 if rgbx else 3), dtype=np.uint8), (box[0] // scale_denom, box[1] // scale_denom)
 
-    from fastloader.image.jpeg_ext import FALLBACK_ERRORS
-
-    fake = types.SimpleNamespace(
-        jpeg_info=lambda data: (200, 150, 3), decode_region=short, FALLBACK_ERRORS=FALLBACK_ERRORS
-    )
+    fake = types.SimpleNamespace(jpeg_info=lambda data: (200, 150, 3), decode_region=short)
     monkeypatch.setattr(decode, "_jpeg_ext", lambda: fake)
     with pytest.raises(RuntimeError, match="does not cover"):
         decode.decode_plan(photo_bytes("jpeg", 200, 150), CropPlan((0, 0, 100, 100), (32, 32), False))
 
 
-def test_only_the_datas_fault_falls_back_to_pil(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bug_in_the_fast_path_is_never_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     """A ValueError from a bug in the fast path is raised, not hidden behind a slower PIL decode."""
     from fastloader.image import decode as decode_module
     from fastloader.image import jpeg_ext
@@ -225,7 +219,7 @@ def test_only_the_datas_fault_falls_back_to_pil(monkeypatch: pytest.MonkeyPatch)
     truncated = data[:200]
     with pytest.raises(CorruptJPEGError):
         jpeg_ext.decode_region(truncated, (0, 0, 64, 48))
-    with pytest.raises(DecodeError, match="broken.jpg"):  # corrupt data: PIL names what is wrong
+    with pytest.raises(DecodeError, match="broken.jpg"):  # corrupt data: a DecodeError naming the key
         decode_module.decode_plan(truncated, plan, "broken.jpg")
 
     def buggy(*args: object, **kwargs: object) -> None:

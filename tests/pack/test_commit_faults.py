@@ -50,7 +50,7 @@ def inject(
     patch: pytest.MonkeyPatch,
     owner: Any,
     name: str,
-    match: Callable[..., bool] = lambda *args: True,
+    match: Callable[..., bool] = lambda *args, **kwargs: True,
     nth: int = 2,
     after: Callable[..., None] | None = None,
 ) -> Fault:

@@ -331,3 +331,35 @@ def test_a_range_cut_by_a_changing_column_type_is_two_files_in_order(cluster: Ra
     assert [row[:3] for row in got] == [row[:3] for row in want]
     for (key, _, _, fields), (_, _, _, expected) in zip(got, want):
         assert_same_value(fields["vec"], expected["vec"], key)
+
+
+def test_a_ray_pack_holds_its_destination_against_a_local_pack_and_the_other_way(
+    cluster: RayCluster, folder: Path, tmp_path: Path, gated_pack: Any
+) -> None:
+    from fastloader.errors import DestinationLocked
+    from fastloader.pack.dest_lock import lock_path
+    from tests.pack.gated_source import wait_for_lock
+
+    local_dst = tmp_path / "local"  # a local pack holds it: a Ray pack is refused before it starts a task
+    running = gated_pack(folder, local_dst, "tar")
+    wait_for_lock(local_dst, tmp_path, running)
+    with pytest.raises(DestinationLocked, match=f"pid {running.pid} on host"):
+        pack(folder, local_dst, format="tar", engine="ray", ray_address=cluster.address, progress=False)
+    (tmp_path / "gate").touch()
+    assert running.wait(timeout=120) == 0
+    (tmp_path / "gate").unlink()
+    (tmp_path / "markers").rename(tmp_path / "markers-local")
+
+    dst = tmp_path / "ray"
+    driver = gated_pack(folder, dst, "tar", cluster.address)  # a Ray pack, held in its tasks
+    wait_for_lock(dst, tmp_path, driver)
+    local = subprocess.run(
+        [*CLI, "pack", str(folder), str(dst), "--format", "tar", "--workers", "0", "--no-progress"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert local.returncode == 1 and f"writing into it: pid {driver.pid} on host" in local.stderr, local.stderr
+    (tmp_path / "gate").touch()
+    _, err = driver.communicate(timeout=240)
+    assert driver.returncode == 0, err
+    assert [row[:3] for row in _samples(dst)] == [row[:3] for row in _samples_of(folder)]
+    assert verify(dst).ok and not lock_path(dst).exists()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fastloader.image import jpeg_ext
 from fastloader.pack.scan import scan
-from tests.images import image_bytes, write_image_folder
+from tests.images import cut, image_bytes, many_scans, photo, write_image_folder
 
 
 @pytest.fixture()
@@ -80,3 +81,28 @@ def test_a_file_name_holding_a_carriage_return_excludes_only_itself(tmp_path: Pa
     report = scan(root, report=tmp_path / "bad.tsv", workers=0, progress=False)
     assert [item.key for item in report.bad] == ["class_0/bad\r7.jpg"]
     assert read_exclusions(tmp_path / "bad.tsv") == [report.bad[0].position]
+
+
+@pytest.mark.skipif(not jpeg_ext.AVAILABLE, reason="fastloader.image._jpeg not built")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_scan_reports_what_training_refuses(tmp_path: Path, workers: int) -> None:
+    """Files PIL decodes without an error but training's decoder refuses, whatever the crop: cut short and
+    closed by an end marker (baseline, progressive, arithmetic-coded), and thousands of scans."""
+    root = tmp_path / "images"
+    write_image_folder(root, count=12)
+    arithmetic = (Path(__file__).parents[1] / "image" / "data" / "arithmetic.jpg").read_bytes()
+    bad = {
+        "class_0/zz_cut.jpg": cut(photo(), 0.6),
+        "class_1/zz_cut_progressive.jpg": cut(photo(progressive=True), 0.8),
+        "class_1/zz_cut_arithmetic.jpg": cut(arithmetic, 0.6),
+        "class_2/zz_many_scans.jpg": many_scans(2100),
+    }
+    for key, data in bad.items():
+        (root / key).write_bytes(data)
+    (root / "class_2" / "zz_arithmetic.jpg").write_bytes(arithmetic)  # whole: good
+    report = scan(root, report=tmp_path / "bad.tsv", workers=workers, progress=False)
+    assert report.total == 17
+    reasons = {item.key: item.reason for item in report.bad}
+    assert sorted(reasons) == sorted(bad)
+    assert all(reason.startswith(f"undecodable: DecodeError: {key}") for key, reason in reasons.items())
+    assert "more than 500 scans" in reasons["class_2/zz_many_scans.jpg"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import struct
@@ -108,6 +109,17 @@ def test_tar_shards_verify_and_a_truncated_shard_is_found(tmp_path: Path) -> Non
     assert not damaged.ok and "shard-000001.tar" in damaged.problems[0] and "truncated" in damaged.problems[0]
 
 
+def without_hashes(dst: Path) -> str:
+    """Make ``dst`` a tar pack as fastloader wrote it before content hashes (manifest v2); returns the line
+    verify then reports first."""
+    manifest = dst / "fastloader-tar.json"
+    raw = json.loads(manifest.read_bytes())
+    for shard in raw["shards"]:
+        del shard["size"], shard["sha256"]
+    manifest.write_text(json.dumps({**raw, "version": 2}))
+    return f"{dst}: cannot check the bytes of this tar pack: its manifest records no size and SHA-256"
+
+
 def test_corrupted_field_members_are_found_and_named(tmp_path: Path) -> None:
     pack(FieldItems(8), tmp_path / "shards", format="tar", shard_size=5, workers=0, progress=False)
     assert verify(tmp_path / "shards").ok
@@ -115,11 +127,15 @@ def test_corrupted_field_members_are_found_and_named(tmp_path: Path) -> None:
     npy_member = corrupt_member(
         tmp_path / "shards" / "shard-000001.tar", "000000006.image%2fobject%2fbbox%2fxmin.npy", b"\x00"
     )
+    report = verify(tmp_path / "shards")  # the bytes differ from those packed: each member named
+    assert any("member '000000003.meta.json' is not one that was packed" in line for line in report.problems)
+    assert any("member '000000006.image%2fobject%2fbbox%2fxmin.npy' is not one" in line for line in report.problems)
+    unchecked = without_hashes(tmp_path / "shards")  # an older pack: the values are still decoded as their kinds
     report = verify(tmp_path / "shards")
     assert not report.ok and report.bad_records == (3, 6) and report.checked == 8
-    assert len(report.problems) == 2
-    assert report.problems[0].startswith(f"{json_member}: field 'meta': not a valid json value")
-    assert report.problems[1].startswith(f"{npy_member}: field 'image/object/bbox/xmin': not a valid array value")
+    assert len(report.problems) == 3 and report.problems[0].startswith(unchecked)
+    assert report.problems[1].startswith(f"{json_member}: field 'meta': not a valid json value")
+    assert report.problems[2].startswith(f"{npy_member}: field 'image/object/bbox/xmin': not a valid array value")
 
 
 def corrupt_member(shard: Path, name: str, first_byte: bytes) -> str:
@@ -148,7 +164,12 @@ def test_members_the_manifest_does_not_record_are_found(tmp_path: Path) -> None:
     later = shard.stat().st_mtime_ns + 10**9  # the same size (tar pads to 10 KiB), maybe the same clock tick
     os.utime(shard, ns=(later, later))
     report = verify(tmp_path / "shards")
-    assert report.problems == (
+    assert (
+        f"{shard}: member '000000001.stray' is not one that was packed (changed, renamed or added)" in report.problems
+    )
+    unchecked = without_hashes(tmp_path / "shards")  # an older pack: the extension is still found
+    report = verify(tmp_path / "shards")
+    assert report.problems[0].startswith(unchecked) and report.problems[1:] == (
         f"{tmp_path / 'shards'}: the shards hold '.stray' members, which the manifest does not record",
     )
 

@@ -45,7 +45,11 @@ def edited(packs: dict[str, Path], output: str, tmp_path: Path, **changes: Any) 
     copy = tmp_path / output
     shutil.copytree(packs[output], copy)
     manifest = copy / FORMATS[output][0].MANIFEST_NAME
-    manifest.write_text(json.dumps({**json.loads(manifest.read_bytes()), **changes}))
+    written = json.loads(manifest.read_bytes())
+    content = {entry["name"]: {"size": entry["size"], "sha256": entry["sha256"]} for entry in written["shards"]}
+    if "shards" in changes:  # each file keeps the size and hash the pack recorded: only the numbers change
+        changes["shards"] = [{**entry, **content[entry["name"]]} for entry in changes["shards"]]
+    manifest.write_text(json.dumps({**written, **changes}))
     return copy, manifest
 
 

@@ -1,0 +1,70 @@
+"""The batch route of an :class:`~fastloader.datasets.base.ImageDataset`: a batch of fixed-size images
+decoded at once into its buffer.
+
+``ImageDataset.__getitems__`` takes it for a fused transform of fixed size (with a decoded cache, the
+cache's route, ``fastloader.datasets.cache_route``, decodes what it misses through here). The reads come
+first, then the headers, the plans and the decodes, the JPEGs in one call of the extension
+(``FusedTransform.decode_batch``), each stage timed once per call. Under an error policy the batch is
+tried at once all the same (bad samples are rare) and given up at its first failure: the policy's route
+(``fastloader.datasets.policy_route``) then goes image by image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fastloader.image.batching import decode_threads
+from fastloader.timing import timed
+from fastloader.transforms.fused import FusedTransform
+
+if TYPE_CHECKING:
+    from fastloader.datasets.base import ImageDataset, Source
+
+# Encoded bytes a batch's decode holds at once: all of a batch of small images (256 x 20 KB), a few calls for
+# large ones, so that a worker never holds a whole batch of 10 MB images beside their pixels.
+_BATCH_BYTES = 16 << 20
+
+
+def whole_batch(
+    dataset: ImageDataset[Any], fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray
+) -> list[Any] | None:
+    """Items ``indices`` decoded at once into ``pixels`` (:func:`decode_batch`): their labels, or None where
+    the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
+    rare) and given up at its first failure, torch's random state put back: image by image, the policy then
+    handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
+    excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
+    state = None if dataset._errors is None else torch.get_rng_state()
+    try:
+        decode_batch(dataset.source, fused, indices, pixels, dataset._decode_threads)
+        return [dataset._label(index) for index in indices]
+    except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
+        if state is None:
+            raise
+        torch.set_rng_state(state)
+        return None
+
+
+def decode_batch(
+    source: Source, fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray, threads: int | None
+) -> None:
+    """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one
+    call of the extension (``FusedTransform.decode_batch``) on ``threads`` (``decode_threads`` decides for
+    None); errors name the item's key. The encoded bytes held at once are bounded (``_BATCH_BYTES``: a batch
+    of large images goes in several calls)."""
+    start = 0
+    while start < len(indices):
+        blobs: list[bytes] = []
+        held = 0
+        with timed("read"):
+            while start + len(blobs) < len(indices) and held < _BATCH_BYTES:
+                blobs.append(source.read(indices[start + len(blobs)]))
+                held += len(blobs[-1])
+        end = start + len(blobs)
+        keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
+        with timed("decode"):
+            fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(threads))
+        start = end

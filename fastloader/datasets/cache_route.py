@@ -1,0 +1,77 @@
+"""The decoded-cache route of an :class:`~fastloader.datasets.base.ImageDataset`: pixels of a fixed
+transform kept for the next epochs (``fastloader.image.decoded_cache``).
+
+:func:`open_cache` is ``set_cache``'s part (what a cache needs of the dataset, then the file);
+:func:`checked_cache` refuses a cache made for another transform, before each use; one item goes through
+the cache in ``ImageDataset._decoded``, a batch in :func:`cached_batch`: the cached images copied from it,
+the rest decoded at once (``fastloader.datasets.batch_route``) and stored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastloader.datasets.batch_route import whole_batch
+from fastloader.image.decoded_cache import CacheMeta, DecodedCache, item_identities, source_fingerprint
+from fastloader.timing import timed
+from fastloader.transforms.fused import FusedTransform
+
+if TYPE_CHECKING:
+    from fastloader.datasets.base import ImageDataset
+
+
+def open_cache(dataset: ImageDataset[Any], path: str | os.PathLike[str]) -> tuple[DecodedCache, FusedTransform]:
+    """The decoded cache at ``path`` for ``dataset``'s transform, and that transform; ValueError where the
+    dataset cannot have one (no fixed fastloader transform, annotations that follow the crop, GPU decode)."""
+    fused = dataset._fused()
+    if fused is None:
+        raise ValueError(f"cache needs a fastloader transform with the default decode; got {dataset.transform!r}")
+    if dataset._layout is not None and dataset._layout.annotations:
+        raise ValueError("cache: a dataset whose masks or boxes follow the crop reads its images, not a cache")
+    if fused.is_random:
+        raise ValueError(
+            f"cache needs a fixed transform, but {fused.describe()} draws random crops or flips:"
+            " cache evaluation transforms such as Compose([Resize(256), CenterCrop(224)])"
+        )
+    size = fused.decoded_size
+    if size is None:
+        raise ValueError(f"cache needs a fixed output size (end with CenterCrop or Resize((h, w))); got {fused!r}")
+    if dataset.decode_device != "cpu":
+        raise ValueError("cache: a dataset that decodes on the GPU cannot cache decoded images")
+    source = dataset.source
+    meta = CacheMeta(len(source), size[0], size[1], fused.describe(), source_fingerprint(source))
+    return DecodedCache.open(path, meta), fused
+
+
+def checked_cache(dataset: ImageDataset[Any], fused: FusedTransform) -> DecodedCache:
+    """The decoded cache, refused when the transform is not the one it was made for."""
+    cache = dataset._cache
+    assert cache is not None
+    if fused is not dataset._cached_transform:
+        raise ValueError("the transform changed after set_cache: call set_cache again (or set_cache(None))")
+    return cache
+
+
+def cached_batch(
+    dataset: ImageDataset[Any], fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray
+) -> list[Any] | None:
+    """Items ``indices`` into ``pixels`` through the decoded cache: the cached ones copied from it, the rest
+    decoded at once (``batch_route.whole_batch``) and stored; their labels, or None where the batch must go
+    image by image (a bad sample under a policy)."""
+    cache = checked_cache(dataset, fused)
+    with timed("read"):  # decoded pixels from the cache, if the items are still the ones cached
+        identities = item_identities(dataset.source, indices)  # before the reads of a decode (decoded_cache)
+        cached = cache.read_batch(indices, pixels, identities)
+    missing = np.flatnonzero(~cached)
+    if len(missing):
+        wanted = [indices[int(slot)] for slot in missing]
+        decoded = np.empty((len(missing), *pixels.shape[1:]), dtype=np.uint8)
+        if whole_batch(dataset, fused, wanted, decoded) is None:
+            return None
+        pixels[missing] = decoded
+        cache.write_batch(wanted, decoded, identities[missing])
+    return [dataset._label(index) for index in indices]
