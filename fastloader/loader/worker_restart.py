@@ -24,6 +24,8 @@ The protocol, all of it in the loader's process (the workers only mark what they
    every result it wrote is ahead of the marker (one pipe, first in first out; the pin-memory thread passes
    it on in order). When the marker comes out, each task sent to the dead worker is either received or lost,
    never both: a lost task is sent again and no result is ever doubled (nor a batch ring slot written twice).
+   A task torch sent after the death is neither: it was held, never seen by the dead worker, and goes to the
+   new worker once, with the rest of what was held.
 4. *Restart.* A new index queue (the dead worker may have died holding the old one's lock), the lost tasks
    first in their order, then what was held; a new process with the same worker id, base seed and
    ``worker_init_fn``, restoring the state of the last batch the dead worker sent (its random generators, a
@@ -144,7 +146,7 @@ class _HeldQueue:
                 item = TaggedResume(item.seed, self.worker)
                 self.restarts.epoch_reset()
             self.unanswered = item
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int) and item[0] >= 0:
+        elif _is_task(item):
             self.restarts.sent_task(self.worker, item[0], item[1])
         if self.held is not None:
             self.held.append(item)
@@ -153,6 +155,10 @@ class _HeldQueue:
 
     def hold(self) -> None:
         self.held = []
+
+    def held_tasks(self) -> set[int]:
+        """The task numbers sent since the worker died: in the books, but never seen by the dead worker."""
+        return {item[0] for item in self.held or [] if _is_task(item)}
 
     def release(self, new: Any, first: list[Any]) -> None:
         held, self.held, self.inner = self.held or [], None, new
@@ -315,7 +321,13 @@ class WorkerRestarts:
         first = self._probe_killed(death) if death.making in self.probes else []
         for number in lost_probes:  # sent to the dead worker, not the one that killed it: tried again
             first.append((number, stamped(self.hunts[self.probes[number][0]].pending[number], number)))
-        lost = sorted(t for t, sent in self.sent.items() if sent.worker == worker and self.workers.outstanding(t))
+        # A task torch sent after the death is held, not lost: it goes to the new worker once, with what was held.
+        waiting = self.queues[worker].held_tasks()
+        lost = sorted(
+            t
+            for t, sent in self.sent.items()
+            if sent.worker == worker and t not in waiting and self.workers.outstanding(t)
+        )
         for task in lost:
             sent = self.sent.pop(task)
             if self.kills[task] >= _KILLS:
@@ -411,6 +423,11 @@ class WorkerRestarts:
             if candidate not in self.killers:
                 return candidate
         raise TooManyBadSamples(f"sample {sample} and the samples after it all kill DataLoader workers")
+
+
+def _is_task(item: Any) -> bool:
+    """torch's ``(task number, indices)`` for a worker (not a probe, a reset or the end)."""
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], int) and item[0] >= 0
 
 
 def _known(sample: Any, bad: Any) -> bool:

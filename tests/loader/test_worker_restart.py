@@ -8,9 +8,11 @@ same order.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +190,59 @@ def test_a_batch_made_again_writes_its_ring_slot_with_the_pixels_torch_would_giv
         batches += 1
     assert (tmp_path / "killed").exists() and batches == 10 and viewed > 0
     assert killing.error_policy is not None and killing.error_policy.bad_samples() == []
+
+
+class LoggedKilling(Dataset[int]):
+    """Sample i is i; each batch a worker makes is logged (its first sample, one line); the batch holding ``at``
+    kills its worker once, right after writing the worker's pid into ``flag``."""
+
+    def __init__(self, at: int, flag: Path, made: Path, quarantine: Path) -> None:
+        self.at, self.flag, self.made = at, flag, made
+        self.error_policy = ErrorPolicy("skip", 40, quarantine=quarantine)
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        if self.at in indices and not self.flag.exists():
+            self.flag.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        with self.made.open("a") as made:
+            made.write(f"{indices[0]}\n")
+        return list(indices)
+
+
+def _wait_dead(flag: Path) -> None:
+    """Until the worker that wrote its pid into ``flag`` is dead (a zombie: nothing has reaped it yet)."""
+    while not flag.exists() or not flag.read_text():
+        time.sleep(0.01)
+    stat = Path(f"/proc/{flag.read_text()}/stat")
+    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+
+
+def test_a_batch_sent_while_its_worker_lies_dead_is_made_once(tmp_path: Path) -> None:
+    """The training loop waits while the one worker sends batch 3 and dies making batch 4: the loader sees the
+    death before it reads batch 3, so torch's request for batch 5 (on batch 3) waits for the new worker. That
+    batch goes to it once: each batch is made once, the killer's too (its try left no line), every sample once.
+    The batches are lists (no tensor): batch 3 can be read after its worker died, a tensor's memory could not."""
+    made, flag = tmp_path / "made", tmp_path / "killed"
+    dataset = LoggedKilling(16, flag, made, tmp_path / "quarantine.tsv")
+    loader = DataLoaderX(
+        dataset, batch_size=4, num_workers=1, prefetch_factor=2, max_prefetch=1, collate_fn=list, stall_warning=None
+    )
+    batches = iter(loader)
+    out = [next(batches)]  # batch 0 here, 1 in DataLoaderX's queue, 2 waits for room, 3 and 4 sent
+    _wait_dead(flag)
+    out += list(batches)
+
+    assert out == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    counts = collections.Counter(int(line) // 4 for line in made.read_text().split())
+    assert [counts[batch] for batch in range(10)] == [1] * 10, counts
+    assert dataset.error_policy.bad_samples() == []
 
 
 class ManyKillers(Dataset[int]):
