@@ -33,6 +33,16 @@ The iterator (``_BaseDataLoaderIter`` and ``_MultiProcessingDataLoaderIter``):
   no worker can take it), told to the batch ring, which then knows which worker has which slot; and
   ``_mark_worker_as_unavailable(worker_id)`` is where torch's ``_try_get_data`` records a worker it found dead:
   the ring hears of it there (:class:`MultiProcessIterStartingAt`, :class:`WorkerEvents`);
+* restarting a dead worker (``fastloader.loader.worker_restart``, through :class:`WorkerSet`): the iterator's
+  ``_try_get_data(timeout)`` (where torch notices a dead worker) and ``_next_index()`` (each batch of indices
+  before it is sent) are overridden; ``_workers``, ``_index_queues`` (one per worker, replaced for a new
+  worker), ``_worker_result_queue`` (a marker is put into it), ``_data_queue``, ``_task_info`` (a task is
+  outstanding while its entry holds the worker id alone), ``_worker_init_fn``, ``_base_seed``,
+  ``_shared_seed``, ``_dataset_kind``, ``_dataset``, ``_auto_collation``, ``_collate_fn``, ``_drop_last``,
+  ``_persistent_workers``, ``_workers_done_event``, ``_shutdown``; a worker process is started as torch's
+  ``__init__`` starts one (``_utils.worker._worker_loop`` and its arguments); torch's reset sends each worker
+  a ``_utils.worker._ResumeIteration`` that the worker sends back; ``_utils.signal_handling._remove_worker_pids``
+  and ``_worker_pids_set``: the SIGCHLD handler torch installs ends the run when a registered worker dies;
 * subclassing ``_SingleProcessDataLoaderIter``: its ``__init__`` re-made from ``_BaseDataLoaderIter.__init__``,
   ``_DatasetKind.create_fetcher`` and the iterator's ``_dataset_kind``, ``_auto_collation``, ``_collate_fn``,
   ``_drop_last``, ``_timeout``, ``_num_workers``, ``_world_size``, ``_rank``, ``_dataset_fetcher``, so that the
@@ -43,6 +53,9 @@ The worker processes (``torch.utils.data._utils.worker``):
 * ``_DatasetKind.create_fetcher``: torch's worker loop makes its fetcher with it after ``worker_init_fn``;
   a DataLoaderX worker installs a factory that wraps it (:func:`torch_fetcher_factory`,
   :func:`install_fetcher_factory`);
+* ``_worker_loop``'s local ``data_queue`` (its result queue, a ``multiprocessing.Queue``: ``_sem``, ``_wlock``,
+  ``_send_bytes``): a worker that may be restarted writes its results in its own thread
+  (:func:`write_results_synchronously`);
 * ``_worker_info`` (a frozen dataclass): a resumed worker's seed is set where ``get_worker_info()`` reads it,
   and ``_generate_state``: how the worker loop seeds numpy (:func:`set_worker_seed`, :func:`numpy_seed`).
 
@@ -64,11 +77,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import queue
+import sys
 from collections.abc import Callable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol, cast
 
 import torch
 import torch.autograd.profiler as _profiler
+import torch.utils.data._utils.signal_handling as _signal_handling
 import torch.utils.data._utils.worker as _worker
 import torch.utils.data.graph_settings
 from torch.utils.data import DataLoader, IterDataPipe, MapDataPipe, _DatasetKind
@@ -85,7 +102,10 @@ __all__ = [
     "LoaderView",
     "MultiProcessIterStartingAt",
     "SingleProcessIterWith",
+    "TaggedResume",
     "WorkerEvents",
+    "WorkerRecovery",
+    "WorkerSet",
     "awaited_batch",
     "base_seed",
     "batches_in_workers",
@@ -99,6 +119,7 @@ __all__ = [
     "persistent_iterator",
     "pin_memory",
     "profiler_enabled",
+    "resume_message",
     "set_worker_seed",
     "shared_storage",
     "drop_storage_ref",
@@ -107,6 +128,7 @@ __all__ = [
     "storage_ref",
     "take_reported_length",
     "torch_fetcher_factory",
+    "write_results_synchronously",
     "worker_processes",
 ]
 
@@ -197,6 +219,14 @@ def fetcher_of(iterator: Any) -> Any:
     return iterator._dataset_fetcher
 
 
+class WorkerRecovery(Protocol):
+    """What restarts dead workers (``fastloader.loader.worker_restart.WorkerRestarts``), as the iterator calls it."""
+
+    def get(self, timeout: float) -> tuple[bool, Any]: ...
+
+    def filtered(self, index: Any) -> Any: ...
+
+
 class WorkerEvents(Protocol):
     """What a :class:`MultiProcessIterStartingAt` tells about its workers (the batch ring's dispatch)."""
 
@@ -214,12 +244,24 @@ class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
     """torch's multi-process iterator whose round of requests starts at worker ``first_worker()`` in each epoch
     (torch starts it at worker 0): asked right before the first requests go out. ``events`` hears where each
     batch of indices went, which worker torch found dead, and (once) that ``_shutdown_workers()`` stopped the
-    workers (at the end of an epoch, when dropped)."""
+    workers (at the end of an epoch, when dropped). ``recovery(workers)``: made once the workers are started,
+    before the first request, it takes over the wait for results (a dead worker is restarted, not an error)
+    and sees each batch of indices before it is sent; torch's SIGCHLD handler then no longer watches these
+    workers, and ``events`` hears of no lost worker (a restarted one keeps its id and its slots)."""
 
-    def __init__(self, loader: Any, first_worker: Callable[[], int], events: WorkerEvents | None = None) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        first_worker: Callable[[], int],
+        events: WorkerEvents | None = None,
+        recovery: Callable[[WorkerSet], WorkerRecovery] | None = None,
+    ) -> None:
         self._first_worker_of = first_worker
         self._first_worker = 0
         self._events = events  # before torch's __init__: its first requests go out there
+        self._make_recovery = recovery
+        self._recovery: WorkerRecovery | None = None
+        self._mp_context = loader.multiprocessing_context or torch.multiprocessing
         super().__init__(loader)
 
     def _shutdown_workers(self) -> None:
@@ -239,12 +281,32 @@ class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
         super()._mark_worker_as_unavailable(worker_id, shutdown)
         events = self.__dict__.get("_events")
-        if events is not None and not shutdown and not self._workers[worker_id].is_alive():
+        restarts = self.__dict__.get("_recovery") is not None  # a worker restarted keeps its slots
+        if events is not None and not shutdown and not restarts and not self._workers[worker_id].is_alive():
             events.worker_lost(worker_id)  # (alive: an IterableDataset's worker that ran out of data)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._first_worker = self._first_worker_of()
+        make = self.__dict__.get("_make_recovery")
+        if first_iter and make is not None:  # torch's __init__: the workers started, no request sent yet
+            if self._worker_pids_set:
+                # torch's SIGCHLD handler raises in the main thread as soon as a registered worker dies
+                _signal_handling._remove_worker_pids(id(self))
+                self._worker_pids_set = False
+            self._recovery = make(WorkerSet(self))
         super()._reset(loader, first_iter)
+
+    def _try_get_data(self, timeout: float = _worker.MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
+        recovery = self.__dict__.get("_recovery")
+        if recovery is None:
+            result: tuple[bool, Any] = super()._try_get_data(timeout)
+            return result
+        return recovery.get(timeout)
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()
+        recovery = self.__dict__.get("_recovery")
+        return index if recovery is None else recovery.filtered(index)
 
     @property  # type: ignore[override]
     def _worker_queue_idx_cycle(self) -> Iterator[int]:
@@ -255,6 +317,103 @@ class MultiProcessIterStartingAt(_MultiProcessingDataLoaderIter):
     def _worker_queue_idx_cycle(self, cycle: Iterator[int]) -> None:
         # torch makes a new cycle at each epoch, right before it sends the first requests
         self.__dict__["_cycle"] = itertools.islice(cycle, self._first_worker, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggedResume(_worker._ResumeIteration):
+    """torch's "new epoch" message to one worker, which the worker sends back: tagged with the worker's id, so
+    the acknowledgement names who sent it."""
+
+    worker: int = -1
+
+
+def resume_message(item: Any) -> bool:
+    """Whether ``item``, put into a worker's index queue, is torch's "new epoch" message."""
+    return isinstance(item, _worker._ResumeIteration)
+
+
+class WorkerSet:
+    """The worker processes of one :class:`MultiProcessIterStartingAt` and its queues, for restarting one."""
+
+    def __init__(self, iterator: MultiProcessIterStartingAt) -> None:
+        self._it = iterator
+
+    @property
+    def processes(self) -> list[Any]:
+        return list(self._it._workers)
+
+    @property
+    def shut_down(self) -> bool:
+        return bool(self._it._shutdown)
+
+    @property
+    def init_fn(self) -> Any:
+        return self._it._worker_init_fn
+
+    def index_queue(self, worker: int) -> Any:
+        return self._it._index_queues[worker]
+
+    def set_index_queue(self, worker: int, index_queue: Any) -> None:
+        self._it._index_queues[worker] = index_queue
+
+    def outstanding(self, task: int) -> bool:
+        """Whether torch still waits for task ``task``'s result (sent, not received)."""
+        info = self._it._task_info.get(task)
+        return info is not None and len(info) == 1
+
+    def receive(self, timeout: float) -> Any:
+        """The next result (``(task, data)``) the workers sent; raises ``queue.Empty`` after ``timeout`` s."""
+        return self._it._data_queue.get(timeout=timeout)
+
+    def guard_results(self, unreadable: Callable[[BaseException], Any]) -> None:
+        """A result that cannot be unpickled becomes ``(unreadable(error), None)``, where the workers' results are
+        read (this process, or torch's pin-memory thread, which would die of the error). A batch's tensors
+        travel as file descriptors its worker hands out on request: once that worker is dead they are gone."""
+        results = self._it._worker_result_queue
+        get = results.get
+
+        def guarded_get(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return get(*args, **kwargs)
+            except (OSError, EOFError) as error:
+                return unreadable(error), None
+
+        results.get = guarded_get  # type: ignore[method-assign]  # the instance's: torch's pin-memory thread looks it up at each call
+
+    def send_marker(self, marker: Any) -> None:
+        """Put ``(marker, None)`` behind every result written so far (through the pin-memory thread too)."""
+        self._it._worker_result_queue.put((marker, None))
+
+    def new_queue(self) -> Any:
+        index_queue = self._it._mp_context.Queue()
+        index_queue.cancel_join_thread()
+        return index_queue
+
+    def start(self, worker: int, index_queue: Any, init_fn: Any) -> Any:
+        """Start worker ``worker`` anew, as torch's ``__init__`` starts it, reading ``index_queue`` and with
+        ``init_fn``; it takes the place of the dead one (``_workers``)."""
+        it = self._it
+        args = (
+            it._dataset_kind,
+            [it._dataset],
+            index_queue,
+            it._worker_result_queue,
+            it._workers_done_event,
+            it._auto_collation,
+            it._collate_fn,
+            it._drop_last,
+            it._base_seed,
+            init_fn,
+            worker,
+            it._num_workers,
+            it._persistent_workers,
+            it._shared_seed,
+        )
+        process = it._mp_context.Process(target=_worker._worker_loop, args=args)
+        process.daemon = True
+        process.start()
+        it._workers[worker] = process
+        return process
 
 
 class SingleProcessIterWith(_SingleProcessDataLoaderIter):
@@ -287,6 +446,28 @@ def install_fetcher_factory(factory: FetcherFactory) -> None:
     """Have this process's torch worker loop make its fetchers with ``factory`` (a worker process only: the
     class is the whole process's)."""
     _DatasetKind.create_fetcher = staticmethod(factory)  # type: ignore[method-assign]
+
+
+def write_results_synchronously() -> None:
+    """In a worker process, from its ``worker_init_fn``: its results are written to the result pipe by the thread
+    that made them, before it goes on, not by the queue's feeder thread while the next batch is made. A worker
+    that crashes making a batch then never dies in the middle of a write, holding the pipe's lock that every
+    worker and the loader's process write under (nothing could be written to the pipe any more)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not _worker._worker_loop.__code__:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        raise RuntimeError("write_results_synchronously runs inside torch's worker loop only")
+    results = frame.f_locals["data_queue"]
+
+    def put(obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        if not results._sem.acquire(block, timeout):  # released by the reader's get()
+            raise queue.Full
+        data = ForkingPickler.dumps(obj)
+        with results._wlock:
+            results._send_bytes(data)
+
+    results.put = put
 
 
 def set_worker_seed(seed: int) -> None:

@@ -312,3 +312,76 @@ def test_the_tensor_and_profiler_internals() -> None:
     collated = internals.collate_with(samples, collate_fn_map=internals.default_collate_fn_map)
     assert torch.equal(collated[0], expected[0]) and torch.equal(collated[1], expected[1])
     assert torch.Tensor in internals.default_collate_fn_map
+
+
+class Recorded:
+    """A recovery that keeps the WorkerSet it is given and lets torch's own wait run (``get`` is not called
+    while ``active`` is False); each batch of indices passes through ``filtered``."""
+
+    made: list[Recorded] = []
+
+    def __init__(self, workers: internals.WorkerSet) -> None:
+        self.workers = workers
+        self.filtered_indices: list[Any] = []
+        Recorded.made.append(self)
+
+    def get(self, timeout: float) -> tuple[bool, Any]:
+        try:
+            return True, self.workers.receive(timeout)
+        except Exception:  # noqa: BLE001 - torch's contract: (False, None) on a timeout
+            return False, None
+
+    def filtered(self, index: Any) -> Any:
+        self.filtered_indices.append(list(index))
+        return index
+
+
+class WithRecovery(DataLoader[int]):
+    def __init__(self) -> None:
+        super().__init__(Numbers(), batch_size=2, num_workers=1, persistent_workers=True)
+
+    def _get_iterator(self) -> Any:
+        return internals.MultiProcessIterStartingAt(self, lambda: 0, recovery=Recorded)
+
+
+def test_a_dead_worker_can_be_replaced_through_the_worker_set() -> None:
+    """What fastloader.loader.worker_restart uses: torch's SIGCHLD handler no longer watches the workers (a
+    SIGKILL raises nothing here), a worker started in place of the dead one answers tasks put into a new
+    queue, a marker put into the result queue comes out behind the results, torch's reset message comes back
+    tagged, and each batch of indices passes through the recovery before it is sent."""
+    Recorded.made.clear()
+    loader = WithRecovery()
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0, 1]
+    [recorded] = Recorded.made
+    workers = recorded.workers
+    assert recorded.filtered_indices[:2] == [[0, 1], [2, 3]]
+    assert not iterator._worker_pids_set  # torch's SIGCHLD handler would end the run for a dead worker
+    [process] = workers.processes
+    process.kill()
+    process.join(_DEADLINE_S)  # the SIGCHLD handler ran before join returned (it raises nothing now)
+    assert not process.is_alive() and process.exitcode == -9
+    worker_loop = torch.utils.data._utils.worker._worker_loop
+    assert inspect.signature(worker_loop).parameters.keys() >= {"init_fn", "data_queue"}  # the result queue
+    assert {"_sem", "_wlock", "_send_bytes"} <= set(vars(torch.multiprocessing.Queue()))  # written to directly
+    assert workers.outstanding(1) and not workers.outstanding(0)
+    new = workers.new_queue()
+    workers.set_index_queue(0, new)
+    replacement = workers.start(0, new, workers.init_fn)
+    assert workers.processes == [replacement] and replacement.is_alive()
+    workers.guard_results(lambda error: "unreadable")  # the dead worker's batch: its tensors went with it
+    workers.send_marker("marker")
+    ahead = []
+    while not ahead or ahead[-1] != "marker":
+        ahead.append(workers.receive(_DEADLINE_S)[0])
+    assert set(ahead[:-1]) <= {1, "unreadable"}  # the dead worker's last result, if it was written at all
+    new.put((1, [2, 3]))  # the lost task, sent again
+    task, data = workers.receive(_DEADLINE_S)
+    assert task == 1 and data.tolist() == [2, 3]
+    tagged = internals.TaggedResume(7, worker=0)
+    assert internals.resume_message(tagged) and not internals.resume_message((0, [1]))
+    new.put(tagged)
+    answer, _ = workers.receive(_DEADLINE_S)
+    assert answer == tagged and answer.worker == 0
+    internals.drop_persistent_iterator(loader)
+    assert workers.shut_down

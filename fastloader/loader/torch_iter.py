@@ -18,7 +18,15 @@ from fastloader.loader.batch_slots import ring_dispatch
 from fastloader.loader.epoch_progress import EpochIndices, Progress
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
-from fastloader.loader.worker_state import StatefulFetcher, WorkerPlan, WorkerStart, restore_dataset, stateful
+from fastloader.loader.worker_restart import WorkerRestarts, restart_policy
+from fastloader.loader.worker_state import (
+    FetchMarks,
+    StatefulFetcher,
+    WorkerPlan,
+    WorkerStart,
+    restore_dataset,
+    stateful,
+)
 from fastloader.torch_internals import (
     LoaderView,
     MultiProcessIterStartingAt,
@@ -54,16 +62,23 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         init_fn = StackDumpInit(stack_dir.path, init_fn)
     ring = ring_dispatch(loader)  # made before the workers start: they map it (fastloader.image.batch_ring)
     handle = ring.ring.handle() if ring is not None and workers else None
+    policy = restart_policy(loader)  # dead workers restarted (fastloader.loader.worker_restart)
+    marks = FetchMarks(loader.num_workers) if policy is not None else None
     view = LoaderView(
         loader,
         EpochIndices(cursor, index_sampler(loader), in_workers=workers, ring=ring),
         collate_fn=TimedCollate(loader.collate_fn) if loader._plan.stage_clock else loader.collate_fn,
-        worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn, handle) if workers else init_fn,
+        worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn, handle, marks)
+        if workers
+        else init_fn,
     )
     if workers:
         loader.check_worker_number_rationality()
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
-        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring)
+        recovery = None
+        if policy is not None and marks is not None:
+            recovery = functools.partial(WorkerRestarts, policy=policy, dataset=loader.dataset, marks=marks)
+        return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring, recovery=recovery)
     return _single_process(loader, view, progress)
 
 

@@ -18,6 +18,10 @@ A resumed worker ``i`` starts as worker ``i`` of the interrupted run was: with i
 ``get_worker_info().seed``), then its dataset / iterator state and random generators; a worker whose dataset
 keeps no state skips (fetches and drops) the batches it had made: the documented fast-forward. The resumed
 epoch's first request goes to the worker that would have made the next batch (``fastloader.loader.torch_iter``).
+
+Under a dataset's ``on_error="skip"`` / ``"replace"`` each worker also says, in :class:`FetchMarks` (shared
+memory), which batch it is making right now: a worker killed by a signal names the batch that killed it
+(``fastloader.loader.worker_restart``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,13 @@ from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
-from fastloader.torch_internals import install_fetcher_factory, numpy_seed, set_worker_seed, torch_fetcher_factory
+from fastloader.torch_internals import (
+    install_fetcher_factory,
+    numpy_seed,
+    set_worker_seed,
+    torch_fetcher_factory,
+    write_results_synchronously,
+)
 
 log = logging.getLogger("fastloader")
 WorkerState = Mapping[str, Any]  # {"batches": int, "dataset": ..., "iterator": ..., "rng": ... (raw)}
@@ -95,6 +105,27 @@ def set_rng_state(state: tuple[bytes, bytes, tuple[bytes, int, int, float]]) -> 
     np.random.set_state(("MT19937", np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
 
 
+IDLE = -1  # FetchMarks: the worker is making no batch
+
+
+class FetchMarks:
+    """Which batch each worker is making, in shared memory: the batch's place (``StampedIndices.task``; a
+    negative number for a probe of ``fastloader.loader.worker_restart``), or :data:`IDLE`. Written by the
+    workers right before and after each fetch, read by the loader's process once a worker is dead."""
+
+    def __init__(self, workers: int) -> None:
+        self.tensor = torch.full((workers,), IDLE, dtype=torch.int64).share_memory_()
+
+    def mark(self, worker: int, task: int) -> None:
+        self.tensor[worker] = task
+
+    def read(self, worker: int) -> int:
+        return int(self.tensor[worker])
+
+
+_MARKS: FetchMarks | None = None  # this worker process's (set by WorkerStart)
+
+
 class StatefulFetcher:
     """torch's fetcher for one worker (or the main process), its batches sent with the worker's state.
 
@@ -140,6 +171,10 @@ class StatefulFetcher:
             self.later = None
         if self.skip:
             self._fast_forward(index)
+        marks = _MARKS if self.in_worker else None
+        if marks is not None:
+            task = tally().task
+            marks.mark(self.worker, IDLE if task is None else task)
         try:
             data = self.inner.fetch(index)
         except StopIteration:
@@ -148,6 +183,8 @@ class StatefulFetcher:
             self.end_sent = True
             return TimedBatch(None, None, dataclasses.replace(self._delivery(None), end=True))
         finally:
+            if marks is not None:
+                marks.mark(self.worker, IDLE)
             slot = self._fetch_ended()
         self.batches += 1
         counted = tally()
@@ -232,13 +269,28 @@ class _Agent:
 
 class WorkerStart:
     """The worker_init_fn torch's workers get: the seeds of a resumed worker, the stateful fetcher, the batch
-    ring's mapping (``ring``: None without one), then ``inner`` (the user's worker_init_fn, or the watchdog's
-    wrapper of it)."""
+    ring's mapping (``ring``: None without one), the fetch marks (``marks``: None unless dead workers are
+    restarted), then ``inner`` (the user's worker_init_fn, or the watchdog's wrapper of it)."""
 
-    def __init__(self, plan: WorkerPlan, inner: Callable[[int], None] | None, ring: RingHandle | None = None) -> None:
+    def __init__(
+        self,
+        plan: WorkerPlan,
+        inner: Callable[[int], None] | None,
+        ring: RingHandle | None = None,
+        marks: FetchMarks | None = None,
+    ) -> None:
         self.plan = plan
         self.inner = inner
         self.ring = ring
+        self.marks = marks
+
+    def restarted(self, worker: int, state: WorkerState | None) -> WorkerStart:
+        """The init function of a worker started in place of a dead worker ``worker``: it restores ``state``
+        (the dead worker's last batch's), else what the dead one restored."""
+        workers = dict(self.plan.workers)
+        if state is not None:
+            workers[worker] = state
+        return WorkerStart(WorkerPlan(self.plan.base_seed, workers), self.inner, self.ring, self.marks)
 
     def __call__(self, worker_id: int) -> None:
         info = get_worker_info()
@@ -257,6 +309,10 @@ class WorkerStart:
         ring_fork.let_go_inherited()
         if self.ring is not None:
             attach(self.ring)
+        if self.marks is not None:
+            global _MARKS
+            _MARKS = self.marks
+            write_results_synchronously()  # a crash in a fetch then never holds the result pipe's lock
         if self.inner is not None:
             self.inner(worker_id)
 
