@@ -48,10 +48,7 @@ def _check_when_told(images: torch.Tensor, expected: torch.Tensor, go: int) -> N
 
 @pytest.mark.parametrize("how", ["os.fork", "multiprocessing.Process"])
 def test_a_batch_held_across_fork_never_changes_for_the_child(how: str) -> None:
-    dataset = photos(40)
-    reference = Reference(dataset)
-    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=6, num_workers=2)
-    iterator = iter(loader)
+    loader, reference, iterator = _ring_loader(seed=6)
     images, _ = next(iterator)
     assert in_ring(loader, images)
     address, expected = slot_address(images), images.clone()
@@ -86,10 +83,7 @@ def test_an_array_of_a_batch_whose_storage_moved_never_changes(how: str) -> None
     """torch moves the storage of a batch that is shared (share_memory_(), or put on a torch.multiprocessing
     queue, which shares it as it pickles it) to new shared memory: an array made from the batch before still
     points at the slot."""
-    dataset = photos(40)
-    reference = Reference(dataset)
-    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=7, num_workers=2)
-    iterator = iter(loader)
+    loader, reference, iterator = _ring_loader(seed=7)
     images, labels = next(iterator)
     assert in_ring(loader, images)
     address, pixels = slot_address(images), images.numpy()
@@ -112,10 +106,7 @@ def test_an_array_of_a_batch_whose_storage_moved_never_changes(how: str) -> None
 
 
 def test_a_forked_child_iterates_the_loader_with_a_ring_of_its_own() -> None:
-    dataset = photos(40)
-    reference = Reference(dataset)
-    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=8, num_workers=2)
-    iterator = iter(loader)
+    loader, reference, iterator = _ring_loader(seed=8)
     held = [next(iterator) for _ in range(3)]
     expected = [(images.clone(), labels.clone()) for images, labels in held]
     assert all(in_ring(loader, images) for images, _ in held)
@@ -124,7 +115,7 @@ def test_a_forked_child_iterates_the_loader_with_a_ring_of_its_own() -> None:
         code = 2
         try:
             held.clear()  # the child has no use for them: its copies go (and the slots with them, in its books)
-            drain(loader, Reference(dataset), epochs=2)
+            drain(loader, Reference(loader.dataset), epochs=2)
             code = 0 if loader._runtime.ring is not None and loader.stats()["batch_ring"]["reused"] > 0 else 3
         except BaseException:  # noqa: BLE001 - reported by the exit code, the traceback on stderr
             traceback.print_exc()
@@ -191,3 +182,10 @@ def test_the_slots_of_a_killed_worker_come_back_once_torch_finds_it_dead(tmp_pat
     assert len(kept) == 30 - 2  # worker 0's two batches are lost, as with torch's loader
     stats = loader.stats()["batch_ring"]
     assert sum(in_ring(loader, images) for images, _ in kept) == stats["slots"]
+
+
+def _ring_loader(seed: int) -> tuple[DataLoaderX[Any], Reference, Any]:
+    """A shuffled loader of 40 photos through the batch ring on 2 workers, their reference pixels, and its epoch."""
+    dataset = photos(40)
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=seed, num_workers=2)
+    return loader, Reference(dataset), iter(loader)

@@ -18,27 +18,15 @@ from typing import Any
 
 from fastloader.datasets.folder import FolderSource
 from tests.helpers import ROOT, wait_until
+from tests.pack.wrapped_source import WrappedSource
 
 _deadline = 0.0  # when this process stops waiting for the gate
 
 
-class GatedSource:
+class GatedSource(WrappedSource):
     def __init__(self, root: str, gate: str, hold_from: int, markers: str, timeout: float = 120.0) -> None:
-        self.inner = FolderSource(root)
+        super().__init__(FolderSource(root))
         self.gate, self.hold_from, self.markers, self.timeout = gate, hold_from, markers, timeout
-
-    @property
-    def classes(self) -> Any:
-        return self.inner.classes
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def key(self, index: int) -> str:
-        return str(self.inner.key(index))
-
-    def label(self, index: int) -> int:
-        return int(self.inner.label(index))
 
     def path(self, index: int) -> str:  # the folder's files: a resume without the gate sees the same items
         return str(self.inner.path(index))
@@ -51,7 +39,7 @@ class GatedSource:
             _deadline = _deadline or time.monotonic() + self.timeout  # one wait a process, not one a read
             while not os.path.exists(self.gate) and time.monotonic() < _deadline:
                 time.sleep(0.02)
-        return bytes(self.inner.read(index))
+        return super().read(index)
 
 
 def start(src: Path, dst: Path, tmp: Path, output: str, *ray_address: str) -> subprocess.Popen[str]:

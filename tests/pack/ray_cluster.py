@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from tests.helpers import ROOT
+from tests.pack.wrapped_source import WrappedSource
 
 RAY_BIN = Path(sys.executable).parent / "ray"
 # For the cluster and its drivers: no usage report, and no token auth (which a ~/.ray/auth_token left by any
@@ -94,33 +95,21 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-class LoggedSource:
+class LoggedSource(WrappedSource):
     """A source that appends each position it reads to ``log_dir/<pid>.log`` and then sleeps ``delay``
     seconds (the cost of an image, so that a process can be killed mid-shard): the log says which process
     read what, in which run. Picklable: Ray ships it to the tasks."""
 
     def __init__(self, inner: Any, log_dir: str | os.PathLike[str], delay: float) -> None:
-        self.inner, self.log_dir, self.delay = inner, str(log_dir), delay
-
-    @property
-    def classes(self) -> Any:
-        return self.inner.classes
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def key(self, index: int) -> str:
-        return str(self.inner.key(index))
-
-    def label(self, index: int) -> int:
-        return int(self.inner.label(index))
+        super().__init__(inner)
+        self.log_dir, self.delay = str(log_dir), delay
 
     def read(self, index: int) -> bytes:
         os.makedirs(self.log_dir, exist_ok=True)
         with open(os.path.join(self.log_dir, f"{os.getpid()}.log"), "a") as log:
             log.write(f"{index}\n")
         time.sleep(self.delay)
-        return bytes(self.inner.read(index))
+        return super().read(index)
 
 
 def reads(log_dir: Path) -> dict[int, list[int]]:
