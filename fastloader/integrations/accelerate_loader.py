@@ -17,10 +17,12 @@ training loop sees accelerate's semantics with fastloader's pipeline underneath:
   batches already received at the index level (no sample of them is read), in accelerate's shard, so
   the ``even_batches`` padding at the end stays where it was. Ranks are assumed to advance in lockstep
   (one state serves all ranks: accelerate saves custom states from the main process);
-* its ``batch_sampler`` (accelerate's) is handed out for reading, not iterating:
-  ``accelerator.skip_first_batches(loader, n)`` iterates it through a plain torch DataLoader, past this
-  loader (no ``end_of_dataloader``, and the resume state left for the next epoch), so that raises,
-  naming ``load_state``, which resumes the loader by itself.
+* ``skip_first_batches(n)`` starts its next epoch at batch ``n`` (what ``accelerator.skip_first_batches``
+  and Hugging Face Trainer's resume are for): the order rebuilt, the skipped batches never read, and
+  ``end_of_dataloader`` at the epoch's last batch. accelerate's own function cannot do it on this loader:
+  it iterates the loader's ``batch_sampler`` through a plain torch DataLoader, past this loader (no
+  prefetch, no copy, no ``end_of_dataloader``), so the batch sampler is handed out for reading, not
+  iterating, and iterating it raises, naming ``loader.skip_first_batches(n)``.
 
 The order of an epoch can be rebuilt when it comes from a sampler's generator (``shuffle=True`` on
 several processes: accelerate gives the sampler one, or ``generator=``), from a seed (``seed=``,
@@ -78,9 +80,11 @@ class ResumableBatches:
 SKIP_REFUSED = (
     "a loader from fastloader.integrations.accelerate.prepare reads its batches itself: iterating its"
     " batch sampler elsewhere, as accelerator.skip_first_batches(loader, n) does (through a plain torch"
-    " DataLoader: no end_of_dataloader at the last batch, and the loader's next epoch would start from the"
-    " resumed position again), would not be this loader's epoch. To resume, call accelerator.load_state(path)"
-    " and iterate the loader itself: it continues at the batch after the one save_state() was called at"
+    " DataLoader: no prefetch, no copy to the device, no end_of_dataloader at the last batch), would not be"
+    " this loader's epoch. Call loader.skip_first_batches(n) (the loader's own method) instead: its next"
+    " epoch starts at batch n, exactly; after accelerator.load_state(path) nothing is needed, the loader"
+    " continues where save_state() was called. With Hugging Face's Trainer, mix"
+    " fastloader.integrations.transformers.ExactResumeMixin into the Trainer class"
 )
 
 
@@ -136,6 +140,7 @@ class PreparedLoader(DataLoaderStateMixin):
         self._num_processes = int(getattr(sharded, "num_processes", 1))
         self._cursor: Cursor | None = None  # the epoch being (or last) delivered
         self._pending: Cursor | None = None  # a loaded state, for the next iter()
+        self._skip_next = 0  # skip_first_batches: batches the next iter() leaves out
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types is not None:
@@ -143,12 +148,14 @@ class PreparedLoader(DataLoaderStateMixin):
         self.set_epoch(self.iteration)
         cursor = self._cursor = self._start()
         self.begin()
-        yield from self._deliver(cursor)
+        yield from self._deliver(cursor, drop=cursor.batches if self._batches is None else 0)
         self.end()  # as DataLoaderShard: after the last batch only (a loop that breaks leaves it registered)
 
-    def _deliver(self, cursor: Cursor) -> Iterator[Any]:
+    def _deliver(self, cursor: Cursor, drop: int) -> Iterator[Any]:
         batches = iter(self.base_dataloader)
         try:
+            for _ in range(drop):  # an IterableDataset's order is its own: read past them, as accelerate does
+                next(batches)
             current = next(batches)
         except StopIteration:
             return
@@ -171,16 +178,40 @@ class PreparedLoader(DataLoaderStateMixin):
         pending, self._pending = self._pending, None
         sampler = self._order_sampler()
         generator = _generator_of(sampler)
-        skip = 0
+        skip, self._skip_next = self._skip_next, 0
         if pending is not None:
             if pending.rng is not None and generator is not None:
                 generator.set_state(pending.rng)  # after the rng synchronization: every rank loaded the same
             if pending.seed is not None and isinstance(sampler, TorchRandomSampler) and generator is None:
                 sampler.pin_next_seed(pending.seed)
-            skip = pending.batches
+            skip = pending.batches or skip  # skip_first_batches after a state of an epoch's start
         if self._batches is not None:
             self._batches.skip = skip
         return Cursor(self.iteration, skip, generator.get_state() if generator is not None else None)
+
+    def skip_first_batches(self, num_batches: int) -> PreparedLoader:
+        """Start the next epoch at its batch ``num_batches``; returns this loader.
+
+        What ``accelerate.skip_first_batches(loader, num_batches)`` is for, done by the loader: the epoch is
+        the one the next ``set_epoch`` names (or the next in line), in the order an uninterrupted run has, its
+        first ``num_batches`` left out at the index level (an IterableDataset's are read and dropped), with
+        prefetch, the copy to the device and ``end_of_dataloader`` at its last batch; the epoch after it is
+        whole. After ``accelerator.load_state``, which already puts the loader at the batch saved, the same
+        ``num_batches`` changes nothing and any other is a ValueError (the two would skip twice)."""
+        count = check_nonnegative_int(num_batches, "num_batches")
+        length = _length_of(self.base_dataloader)
+        if length is not None and count > length:
+            raise ValueError(f"skip_first_batches({count}): the epoch has {length} batches")
+        pending = self._pending
+        if pending is not None and pending.batches:
+            if count != pending.batches:
+                raise ValueError(
+                    f"skip_first_batches({count}) after load_state, which resumes this loader at batch"
+                    f" {pending.batches} of epoch {pending.epoch} already: the two would skip twice; drop the call"
+                )
+            return self
+        self._skip_next = count
+        return self
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch everywhere accelerate sets it (its batch sampler, their sampler, the dataset) and
@@ -195,10 +226,12 @@ class PreparedLoader(DataLoaderStateMixin):
         """Where this rank's loop is: plain data (JSON-safe), for ``accelerator.save_state()``."""
         cursor = self._pending or self._cursor
         sampler = self._order_sampler()
-        if cursor is None or cursor.done:  # between epochs: the next one from its start
+        if cursor is None or cursor.done:  # between epochs: the next one from its start (or skip_first_batches')
             generator = _generator_of(sampler)
             epoch = cursor.epoch + 1 if cursor is not None else self.iteration
-            cursor = Cursor(epoch, 0, generator.get_state() if generator is not None else None)
+            cursor = Cursor(epoch, self._skip_next, generator.get_state() if generator is not None else None)
+        elif cursor is self._pending and self._skip_next:
+            cursor = dataclasses.replace(cursor, batches=self._skip_next)
         elif cursor.seed is None and cursor.batches and isinstance(sampler, TorchRandomSampler):
             cursor.seed = sampler.epoch_seed  # drawn when the epoch's first index was taken
         return {
@@ -268,6 +301,13 @@ class PreparedLoader(DataLoaderStateMixin):
         if base is None:
             raise AttributeError(name)
         return getattr(base, name)
+
+
+def _length_of(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        return None
 
 
 def _generator_of(sampler: Any) -> torch.Generator | None:

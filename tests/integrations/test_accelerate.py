@@ -204,3 +204,64 @@ def test_load_state_dict_refuses_what_it_cannot_resume(accelerator_of: Make) -> 
 def test_dispatch_batches_is_refused(accelerator_of: Make) -> None:
     with pytest.raises(ValueError, match=r"dispatch_batches=True \(DataLoaderConfiguration\): rank 0 would read"):
         prepare(accelerator_of(dispatch_batches=True), loader())
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_skip_first_batches_starts_the_epoch_set_next_at_that_batch(
+    accelerator_of: Make, workers: int, persistent: bool
+) -> None:
+    """As Trainer's resume calls it: skip_first_batches, then set_epoch, then iter(); the batches left
+    out are never read, the end is seen at the last batch, and the epoch after is whole."""
+    accelerator = accelerator_of()
+    reference = prepare(accelerator, loader(seed=4))
+    reference.set_epoch(1)
+    epoch_one, epoch_two = epoch(reference), epoch(reference)
+    prepared = prepare(accelerator, loader(seed=4, num_workers=workers, persistent_workers=persistent))
+    dataset = prepared.base_dataloader.dataset
+    assert prepared.skip_first_batches(3) is prepared
+    assert prepared.state_dict()["batches_yielded"] == 3  # saved before the iteration: still at batch 3
+    prepared.set_epoch(1)
+    before = prepared.stats()["images"]
+    rest, ends = [], []
+    for _x, indices in prepared:
+        rest.append(indices.tolist())
+        ends.append(accelerator.gradient_state.end_of_dataloader)
+    assert rest == epoch_one[3:] and ends == [False] * (FULL - 4) + [True]
+    assert prepared.stats()["images"] - before == LENGTH - 3 * BATCH  # the skipped samples were not loaded
+    assert epoch(prepared) == epoch_two and dataset is prepared.dataset
+
+
+def test_skip_first_batches_of_an_iterable_dataset_reads_past_them(accelerator_of: Make) -> None:
+    prepared = prepare(accelerator_of(), DataLoaderX(Counting(10), batch_size=4))
+    assert [batch.tolist() for batch in prepared.skip_first_batches(1)] == [[4, 5, 6, 7], [8, 9]]
+    assert [batch.tolist() for batch in prepared] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_skip_first_batches_refuses_what_is_not_a_batch_of_the_epoch(accelerator_of: Make) -> None:
+    prepared = prepare(accelerator_of(), loader(seed=2))
+    with pytest.raises(ValueError, match=rf"skip_first_batches\({FULL + 1}\): the epoch has {FULL} batches"):
+        prepared.skip_first_batches(FULL + 1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="num_batches"):
+            prepared.skip_first_batches(bad)  # type: ignore[arg-type]
+    assert [len(batch) for batch in prepared.skip_first_batches(FULL)] == []  # all of them: an empty epoch
+
+
+def test_the_trainer_mixin_resumes_a_prepared_loader_and_refuses_an_unprepared_one(accelerator_of: Make) -> None:
+    """ExactResumeMixin's hook, as Trainer calls it (the real Trainer: test_trainer.py); other loaders
+    go to the Trainer's own get_resumed_dataloader."""
+    from fastloader.integrations.transformers import ExactResumeMixin
+
+    class Base:
+        def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+            return ("the trainer's own", num_batches)
+
+    class Mixed(ExactResumeMixin, Base):
+        pass
+
+    prepared = prepare(accelerator_of(), loader(seed=1))
+    assert Mixed().get_resumed_dataloader(prepared, 2) is prepared and prepared.state_dict()["batches_yielded"] == 2
+    plain: DataLoader[Any] = DataLoader(Items())
+    assert Mixed().get_resumed_dataloader(plain, 2) == ("the trainer's own", 2)
+    with pytest.raises(ValueError, match="a DataLoaderX it did not prepare: the Trainer cannot resume it mid-epoch"):
+        Mixed().get_resumed_dataloader(loader(), 2)

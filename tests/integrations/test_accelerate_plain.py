@@ -140,8 +140,10 @@ def test_skip_first_batches_recipe_on_accelerates_loader(
 def test_skip_first_batches_on_fastloaders_prepare_is_refused(
     fresh: Callable[[int], Accelerator], tmp_path: Path
 ) -> None:
-    """accelerate's recipe on the loader fastloader's prepare returns: refused, naming load_state; the
-    loader itself then resumes exactly, sees the end, and goes on with the next epoch whole."""
+    """accelerate's recipe on the loader fastloader's prepare returns: refused, naming the loader's own
+    skip_first_batches; the loader then resumes exactly (load_state alone, or with the loader's
+    skip_first_batches of the same count), sees the end, and goes on with the next epoch whole; another
+    count on top of load_state would skip twice: refused."""
 
     def make(accelerator: Accelerator) -> Any:
         return prepare(accelerator, DataLoaderX(Items(), batch_size=BATCH, shuffle=True))
@@ -151,8 +153,16 @@ def test_skip_first_batches_on_fastloaders_prepare_is_refused(
     loader = make(accelerator)
     accelerator.load_state(str(tmp_path / "checkpoint"))
     skipped = accelerator.skip_first_batches(loader, SAVED_AT)
-    with pytest.raises(ValueError, match=r"skip_first_batches.*call accelerator\.load_state\(path\) and iterate"):
+    with pytest.raises(
+        ValueError, match=r"skip_first_batches.*Call loader\.skip_first_batches\(n\) \(the loader's own method\)"
+    ):
         next(iter(skipped))
+    with pytest.raises(
+        ValueError,
+        match=rf"skip_first_batches\(2\) after load_state, which resumes this loader at batch {SAVED_AT} of epoch 1",
+    ):
+        loader.skip_first_batches(2)
+    assert loader.skip_first_batches(SAVED_AT) is loader  # the recipe's count: load_state's position, kept
     rest, ends = epoch_and_ends(loader, accelerator)
     assert rest == epochs[1][SAVED_AT:] and ends == [False] * (FULL - SAVED_AT - 1) + [True]
     assert epoch_and_ends(loader, accelerator) == (epochs[2], [False] * (FULL - 1) + [True])
@@ -168,5 +178,7 @@ def test_the_batch_sampler_handed_out_reads_and_sets_but_does_not_iterate() -> N
     assert isinstance(handed, BatchSampler) and handed.sampler is order and len(handed) == FULL
     handed.drop_last = True
     assert inner.drop_last is True and len(handed) == LENGTH // BATCH
-    with pytest.raises(ValueError, match=r"skip_first_batches.*call accelerator\.load_state\(path\) and iterate"):
+    with pytest.raises(
+        ValueError, match=r"skip_first_batches.*Call loader\.skip_first_batches\(n\) \(the loader's own method\)"
+    ):
         iter(handed)
