@@ -10,16 +10,20 @@ Steps (on the GPU machine: one CUDA GPU, 16 cores, no network):
 
 * ``sample``: the sample ImageFolder (``fastloader.sample.make_sample_folder``, 4000 photos, ~1% grey,
   CMYK or PNG-named-.jpg, which GPU decode hands to the CPU).
-* ``env``: versions, GPU, cores, whether the C JPEG extension and the carried packages import.
-* ``pytest``: ``tests/gpu``, ``tests/image/test_gpu_decode.py``, ``tests/loader/test_normalize.py``
+* ``env``: versions, GPU, cores, whether the C JPEG extension and the carried packages import, and the
+  JPEG decoder GPU decode chose (torchcodec, else torchvision; why when one is not usable).
+* ``pytest``: ``tests/gpu``, ``tests/image/test_gpu_decode.py``, ``tests/image/test_gpu_jpeg.py``,
+  ``tests/loader/test_normalize.py``
   (output in ``$OUT/pytest.txt``).
 * ``decode_race``: ``decode_on="cuda"`` with an idle vs a busy (30 ms of queued GPU work per batch)
   training loop: per-image |GPU - CPU path| (levels; a corrupted image is > 8) and the count of images
   not bit-identical to the idle loop's GPU result (the sharp test: the same plans decode the same way).
 * ``decode_equality``: GPU vs CPU path per image, for bilinear / bicubic / nearest in an eval
-  (Resize + CenterCrop) and a train (RandomResizedCrop + flip) pipeline; also nvJPEG vs torchvision's CPU
-  decoder through the same crop code, which separates the decoders from the crop / resize code.
-* ``corrupt``: truncated and corrupt JPEGs inside a GPU batch (what nvJPEG, PIL and ``GpuDecoder`` say),
+  (Resize + CenterCrop) and a train (RandomResizedCrop + flip) pipeline, with each JPEG decoder installed
+  (torchcodec, torchvision) and the two against each other; also nvJPEG vs the CPU decoder through the same
+  crop code, which separates the decoders from the crop / resize code.
+* ``corrupt``: truncated and corrupt JPEGs inside a GPU batch (what each JPEG decoder, PIL and ``GpuDecoder``
+  say),
   then a folder with bad files under the ``replace`` error policy: the epoch must complete, full size.
 * ``rng``: ``random_flip`` reproducible under ``torch.manual_seed`` (and different for another seed or
   epoch), the global CUDA RNG state untouched by the loader, the loop's dropout masks reproducible.
@@ -29,7 +33,7 @@ Steps (on the GPU machine: one CUDA GPU, 16 cores, no network):
 * ``ring``: the batch ring off and on, A B A B (images/s, the hand-off / pin / copy stages, whether it is
   pinned, fallbacks), then 4 random images of every batch checked on the GPU while the loop keeps it busy.
 * ``throughput``: images/s of the train pipeline, decode on cuda vs cpu (16 workers, and cuda with 4),
-  the producer's ms per batch, GPU memory.
+  the producer's ms per batch (each JPEG decoder alone, and the whole GpuDecoder), GPU memory.
 * ``wait_fraction``: share of a fixed 30 ms GPU step spent waiting for data: torch's DataLoader
   (torchvision) vs DataLoaderX with CPU decode vs DataLoaderX with GPU decode (8 workers).
 * ``scaling``: images/s of the CPU train pipeline at 1, 2, 4, 8, 16 workers, fastloader vs torch's loader
@@ -61,6 +65,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +87,8 @@ NEEDS_CUDA = {"skipped": "needs CUDA"}
 
 warnings.filterwarnings("ignore", message=".*pin_memory.*")  # pin_memory=True without CUDA (the smoke run)
 warnings.filterwarnings("ignore", message=".*decode_on='cuda' but batches go to.*")  # the smoke run too
+# The steps compare torchvision's deprecated decode_jpeg with torchcodec's on purpose: its warning is known.
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
 
 
 def size(full: Any, small: Any) -> Any:
@@ -168,12 +175,35 @@ def loader_figures(loader: DataLoaderX) -> dict[str, Any]:
     stats = loader.stats()
     return {
         "gpu_decode": stats.get("gpu_decode"),
+        "gpu_decoder": stats.get("gpu_decoder"),
         "bad_samples": stats.get("bad_samples"),
         "wait_fraction": stats.get("wait_fraction"),
         "p50_ms_per_batch": {
             stage: (figures.get("per_batch_ms") or {}).get("p50") for stage, figures in stats.get("stages", {}).items()
         },
     }
+
+
+def jpeg_decoders() -> dict[str, str]:
+    """Each JPEG decoder GPU decode knows, on DEV: ``"torchcodec 0.17.0"`` or why it is not usable."""
+    from fastloader.image.gpu_jpeg import NAMES, JpegDecoderUnavailable, jpeg_decoder
+
+    found = {}
+    for name in NAMES:
+        try:
+            found[name] = str(jpeg_decoder(DEV, name))
+        except JpegDecoderUnavailable as error:
+            found[name] = f"unavailable: {error}"[:400]
+    return found
+
+
+def usable_decoders() -> list[str]:
+    """The JPEG decoders that work on DEV, the one GPU decode chooses first."""
+    from fastloader.image.gpu_decode import GpuDecoder
+
+    chosen = GpuDecoder(DEV).jpeg.name
+    others = [name for name, found in jpeg_decoders().items() if name != chosen and not found.startswith("unavailable")]
+    return [chosen, *others]
 
 
 def gpu_memory() -> dict[str, Any]:
@@ -198,18 +228,32 @@ def sample() -> dict[str, Any]:
 
 def env() -> dict[str, Any]:
     import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
 
     import PIL
     import torchvision
 
     from fastloader.image import jpeg_ext
+    from fastloader.image.gpu_jpeg import ENV, JpegDecoderUnavailable, jpeg_decoder
 
     carried = ("lmdb", "crc32c", "psutil", "tqdm", "pytest")  # what fastloader and the steps need beyond torch
     found = {name: importlib.util.find_spec(name) is not None for name in carried}
+    try:
+        codec: str | None = version("torchcodec")
+    except PackageNotFoundError:
+        codec = None
+    try:
+        chosen = str(jpeg_decoder(DEV))
+    except JpegDecoderUnavailable as error:
+        chosen = f"none: {error}"[:400]
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
+        "torchcodec": codec,
+        "jpeg_decoder": chosen,  # what decode_on="cuda" runs here
+        "jpeg_decoders": jpeg_decoders(),
+        "jpeg_decoder_env": os.environ.get(ENV),
         "pil": PIL.__version__,
         "cuda": torch.version.cuda,
         "device": str(DEV),
@@ -227,7 +271,15 @@ def pytest() -> dict[str, Any]:
 
     if importlib.util.find_spec("pytest") is None:
         return {"skipped": "pytest is not installed: carry its wheels in .whl/ (see gpu_check.sh)"}
-    targets = size(["tests/gpu", "tests/image/test_gpu_decode.py", "tests/loader/test_normalize.py"], ["tests/gpu"])
+    targets = size(
+        [
+            "tests/gpu",
+            "tests/image/test_gpu_decode.py",
+            "tests/image/test_gpu_jpeg.py",
+            "tests/loader/test_normalize.py",
+        ],
+        ["tests/gpu"],
+    )
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--durations=5", *targets]
     limit = float(os.environ.get("GLC_PYTEST_S", 150))
     try:
@@ -294,7 +346,8 @@ def decode_equality() -> dict[str, Any]:
     torch.set_num_threads(min(8, CORES))
     files = photos(size(512, 16))
     headers = [read_header(data, path) for path, data in files]
-    results: dict[str, Any] = {"images": len(files)}
+    names = usable_decoders()  # the one decode_on="cuda" chooses first
+    results: dict[str, Any] = {"images": len(files), "decoders": names}
     for pipeline in ("eval", "train"):
         for interpolation in ("bilinear", "bicubic", "nearest"):
             if pipeline == "eval":
@@ -310,12 +363,13 @@ def decode_equality() -> dict[str, Any]:
             for item, h in zip(items, headers):
                 region = visible_region(item.plan, h.width, h.height)
                 whole.append(region is not None and whole_box(region[0]) is not None)
-            on_gpu, on_cpu = GpuDecoder(DEV), GpuDecoder(torch.device("cpu"))  # same crop code, CPU decoder
+            on_gpu = {name: GpuDecoder(DEV, jpeg=name) for name in names}
+            on_cpu = GpuDecoder(torch.device("cpu"))  # same crop code, CPU decoder
             vs_cpu_path, vs_same_code, max_vs_cpu_path = [], [], []
+            others: dict[str, list[torch.Tensor]] = {name: [] for name in names[1:]}
             for start in range(0, len(items), 128):
                 chunk = items[start : start + 128]
-                gpu, bad = on_gpu.decode(chunk)
-                gpu = gpu.cpu()
+                gpu = on_gpu[names[0]].decode(chunk)[0].cpu()
                 cpu_path = torch.stack(
                     [torch.from_numpy(decode_plan(i.data, i.plan, i.key)).permute(2, 0, 1) for i in chunk]
                 )
@@ -323,15 +377,19 @@ def decode_equality() -> dict[str, Any]:
                 vs_cpu_path.append(per_image(gpu, cpu_path))
                 max_vs_cpu_path.append((gpu.float() - cpu_path.float()).abs().flatten(1).amax(1))
                 vs_same_code.append(per_image(gpu, same_code))
+                for name in others:  # the other decoder on the device, image by image against the first
+                    others[name].append(per_image(gpu, on_gpu[name].decode(chunk)[0].cpu()))
             d, mask = torch.cat(vs_cpu_path), torch.tensor(whole)
             results[f"{pipeline}_{interpolation}"] = {
+                "decoder": str(on_gpu[names[0]].jpeg),
                 "vs_cpu_path": summary(d),
                 "max_abs_per_image_vs_cpu_path": summary(torch.cat(max_vs_cpu_path)),
                 "nvjpeg_vs_cpu_decoder_same_crop_code": summary(torch.cat(vs_same_code)),
                 "whole_pixel_box_images": int(mask.sum()),
                 "vs_cpu_path_whole_pixel_boxes": summary(d[mask]),
                 "vs_cpu_path_fractional_boxes": summary(d[~mask]),
-                "counts": on_gpu.counts.to_dict(),
+                **{f"{names[0]}_vs_{name}": summary(torch.cat(diffs)) for name, diffs in others.items()},
+                "counts": {name: decoder.counts.to_dict() for name, decoder in on_gpu.items()},
             }
     return results
 
@@ -339,7 +397,6 @@ def decode_equality() -> dict[str, Any]:
 # ---------------------------------------------------------------- bad JPEGs in a GPU-decode batch
 def corrupt() -> dict[str, Any]:
     from PIL import Image
-    from torchvision.io import ImageReadMode, decode_jpeg
 
     from fastloader.image.batching import EncodedImage
     from fastloader.image.decode import read_header
@@ -356,18 +413,19 @@ def corrupt() -> dict[str, Any]:
     clean = [EncodedImage(d, tf.plan(h.width, h.height), p, h, i) for i, (p, d, h) in enumerate(good[2:65])]
     if len(clean) < 8:
         return {"skipped": f"the sample holds {len(good)} plain JPEGs in its first 200 files; needs 10"}
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"decoder": str(GpuDecoder(DEV).jpeg)}
     reference, _ = GpuDecoder(DEV).decode(clean)
+    jpegs = [GpuDecoder(DEV, jpeg=name).jpeg for name in usable_decoders()]
     for name, (data, header) in bad_files.items():
         r: dict[str, Any] = {}
-        try:
-            encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
-            image = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=DEV)[0]
-            sync()
-            bottom = image[:, image.shape[1] * 2 // 3 :].float().mean()  # grey (~128) where data ran out
-            r["decode_jpeg_alone"] = f"no error; bottom third mean {bottom:.1f}"
-        except Exception as error:  # noqa: BLE001
-            r["decode_jpeg_alone"] = f"{type(error).__name__}: {str(error)[:160]}"
+        for jpeg in jpegs:  # what each decoder says of the file alone, without GpuDecoder's checks
+            try:
+                image = jpeg.decode([torch.frombuffer(bytearray(data), dtype=torch.uint8)], DEV)[0]
+                sync()
+                bottom = image[:, image.shape[1] * 2 // 3 :].float().mean()  # grey (~128) where data ran out
+                r[f"{jpeg.name}_alone"] = f"no error; bottom third mean {bottom:.1f}"
+            except Exception as error:  # noqa: BLE001
+                r[f"{jpeg.name}_alone"] = f"{type(error).__name__}: {str(error)[:160]}"
         try:
             Image.open(io.BytesIO(data)).convert("RGB")
             r["pil"] = "no error"
@@ -641,8 +699,6 @@ def ring() -> dict[str, Any]:
 
 # ---------------------------------------------------------------- throughput and GPU memory
 def throughput() -> dict[str, Any]:
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     from fastloader.image.batching import EncodedImage
     from fastloader.image.decode import read_header
     from fastloader.image.gpu_decode import GpuDecoder
@@ -653,13 +709,16 @@ def throughput() -> dict[str, Any]:
     files = photos(batch)
     headers = [read_header(d, p) for p, d in files]
     items = [EncodedImage(d, tf.plan(h.width, h.height), p, h, i) for i, ((p, d), h) in enumerate(zip(files, headers))]
-    encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for (_p, d), h in zip(files, headers) if h.plain_jpeg]
     decoder = GpuDecoder(DEV)
-    timings: dict[str, Any] = {}
-    for label, fn in (
-        ("decode_jpeg_only", lambda: decode_jpeg(encoded, mode=ImageReadMode.RGB, device=DEV)),
-        ("gpu_decoder_total", lambda: decoder.decode(items)),
-    ):
+    timings: dict[str, Any] = {"decoder": str(decoder.jpeg)}
+    runs: list[tuple[str, Callable[[], Any]]] = []
+    for name in usable_decoders():  # each decoder alone, on the bytes GpuDecoder gives it
+        jpeg = GpuDecoder(DEV, jpeg=name).jpeg
+        prepared = [jpeg.prepare(d) for (_p, d), h in zip(files, headers) if h.plain_jpeg]
+        encoded = [data for data in prepared if data is not None]
+        runs.append((f"{name}_decode_only", partial(jpeg.decode, encoded, DEV)))
+    runs.append(("gpu_decoder_total", lambda: decoder.decode(items)))
+    for label, fn in runs:
         for _ in range(2):
             fn()
         sync()

@@ -30,6 +30,11 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     lmdb==3.0.0 crc32c==2.9.post0 psutil==7.2.2 tqdm==4.70.1 \
 #     pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+# decode_on="cuda" decodes with torchcodec when it is there (else torchvision's deprecated decode_jpeg; the
+# env step records which ran and why): carry the torchcodec wheel built for the GPU machine's torch and CUDA
+# (env records both; this project is tested with torchcodec 0.17.0, torch 2.14.1, CUDA 13.0), from PyTorch's index:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --index-url https://download.pytorch.org/whl/cu130 -d .whl torchcodec==0.17.0
 if [ "${GLC_WHEELS:-1}" != 0 ] && ls .whl/*.whl >/dev/null 2>&1; then
   mkdir -p /tmp/site
   if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then

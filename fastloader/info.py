@@ -75,9 +75,10 @@ def torch_report() -> dict[str, str]:
     else:
         built = torch.version.cuda
         report["cuda"] = f"not available (torch built with CUDA {built})" if built else "not available (CPU build)"
-    torchvision = _dist_version("torchvision")
-    if torchvision is not None:
-        report["torchvision"] = torchvision
+    for name in ("torchvision", "torchcodec"):  # torchcodec: decode_on="cuda"'s JPEG decoder when installed
+        installed = _dist_version(name)
+        if installed is not None:
+            report[name] = installed
     return report
 
 

@@ -4,6 +4,7 @@ and every step writes one well-formed JSON line with what it found."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["sample", "env", "rng", "copy_race"]
+STEPS = ["sample", "env", "decode_equality", "rng", "copy_race"]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash, timeout")
@@ -49,6 +50,18 @@ def test_smoke_run_of_cheap_steps_writes_one_json_line_per_step(tmp_path: Path) 
     assert results["sample"]["images"] == 24
     assert results["env"]["device"] == "cpu" and results["env"]["small"] is True
     assert set(results["env"]["modules"]) == {"lmdb", "crc32c", "psutil", "tqdm", "pytest"}
+    # the JPEG decoder decode_on="cuda" runs, recorded, and the decode checked with each one installed
+    codec = importlib.util.find_spec("torchcodec") is not None
+    chosen = "torchcodec" if codec else "torchvision"
+    assert results["env"]["jpeg_decoder"].startswith(f"{chosen} ")
+    assert set(results["env"]["jpeg_decoders"]) == {"torchcodec", "torchvision"}
+    equality = results["decode_equality"]
+    assert equality["decoders"] == (["torchcodec", "torchvision"] if codec else ["torchvision"])
+    for pipeline in ("eval_bilinear", "train_bicubic"):
+        assert equality[pipeline]["decoder"].startswith(f"{chosen} ")
+        assert equality[pipeline]["vs_cpu_path"]["max"] < 3.0  # levels, per image
+        if codec:
+            assert equality[pipeline]["torchcodec_vs_torchvision"]["max"] <= 1.0
     rng = results["rng"]
     assert rng["flips_reproducible"] and rng["flips_differ_for_another_seed"] and rng["flips_differ_between_epochs"]
     assert rng["loop_dropout_masks_reproducible"] and rng["cuda_rng_untouched_by_loader"] is None

@@ -6,7 +6,8 @@
     shared-memory buffer (batching.py) ─► handed to the loader without a copy
 
 ``decoded_cache.py`` keeps decoded images of fixed transforms across epochs; ``gpu_decode.py`` decodes
-``EncodedImage`` batches with nvJPEG in the main process instead. The user-facing transform classes
+``EncodedImage`` batches with nvJPEG in the main process instead (through the decoder ``gpu_jpeg.py``
+picks: torchcodec, else torchvision). The user-facing transform classes
 live in ``fastloader.transforms``; datasets (``fastloader.datasets``) call this path.
 """
 

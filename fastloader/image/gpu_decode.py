@@ -6,8 +6,11 @@ to the GPU, and workers only read bytes and draw crop boxes (microseconds per im
 
 How (:class:`GpuDecoder`, in the loader's producer thread, never in a worker):
 
-1. ``torchvision.io.decode_jpeg(list_of_byte_tensors, device="cuda")`` decodes the batch's JPEGs in
-   one batched call (RGB), **on a decode stream of its own** (below).
+1. One batched nvJPEG call decodes the batch's JPEGs (RGB), **on a decode stream of its own** (below):
+   torchcodec's ``decode_jpeg(list_of_byte_tensors, device="cuda")`` when torchcodec is installed and
+   works, else torchvision's (deprecated since torchvision 0.29); ``fastloader.image.gpu_jpeg`` picks
+   once (``GpuDecoder.jpeg``, ``DataLoaderX.stats()["gpu_decoder"]``) and keeps EXIF orientation out of
+   it, as the CPU path does. A decoded image whose size is not its header's goes to the CPU.
 2. Each image is cropped to its plan's box and resized to the plan's size with the plan's filter
    (nearest, bilinear or bicubic, antialiased as torchvision's CPU path), flipped when the plan says
    so, and written into one N×3×H×W uint8 batch, on the loader's side stream.
@@ -21,13 +24,14 @@ How (:class:`GpuDecoder`, in the loader's producer thread, never in a worker):
    ``DataLoaderX.stats()["gpu_decode"]``) and the first of each kind is logged.
 
 Why a decode stream: torchvision's decoder writes its outputs on nvJPEG's own stream, without
-waiting for the stream that was current when the outputs were allocated (pytorch/vision#9606). Were
-that the side stream, which waits on the training loop's stream and still holds queued crop and
-resize kernels, the caching allocator could hand a block those kernels have yet to read to the next
-decode, which would overwrite it. The decode stream carries nothing but decodes, never waits on the
-training loop, and the side stream waits on it and ``record_stream``s every decoded image before
-reading it: a decoded image's memory returns to the decode stream's pool only after the side
-stream's kernels that read it have run, whatever the timing. (torch hands streams out from a pool:
+waiting for the stream that was current when the outputs were allocated (pytorch/vision#9606), and
+torchcodec's makes the host wait for the current stream before it decodes. Were that the side stream,
+which waits on the training loop's stream and still holds queued crop and resize kernels, the caching
+allocator could hand a block those kernels have yet to read to the next decode, which would overwrite
+it (and torchcodec would wait for the training loop). The decode stream carries nothing but decodes,
+never waits on the training loop, and the side stream waits on it and ``record_stream``s every decoded
+image before reading it: a decoded image's memory returns to the decode stream's pool only after the
+side stream's kernels that read it have run, whatever the timing. (torch hands streams out from a pool:
 the decode stream is checked, at each decode, to be neither the side stream nor the training loop's.)
 """
 
@@ -44,6 +48,7 @@ import torch
 
 from fastloader.errors import DecodeError
 from fastloader.image import batch_rows
+from fastloader.image.gpu_jpeg import jpeg_decoder, not_a_bad_image
 
 _JPEG_SOI = b"\xff\xd8"
 # torch's interpolate mode for each plan filter the GPU can apply. PIL's NEAREST (the CPU path) samples
@@ -98,11 +103,17 @@ class GpuDecoder:
     ``dataset`` and ``collate_fn`` are the loader's: the dataset's error policy decides what a bad
     image does and counts it (``ErrorPolicy.recover``), and a substitute for ``replace`` is read and
     collated as the loader would. Without them a bad image raises.
-    On a CPU ``device`` the same logic runs with torchvision's CPU decoder (tests, CPU-only machines).
+    On a CPU ``device`` the same logic runs with the decoder's CPU path (tests, CPU-only machines).
+    ``jpeg`` names the JPEG decoder (``"torchcodec"`` or ``"torchvision"``); None: see
+    ``fastloader.image.gpu_jpeg.jpeg_decoder``. None works raises ``JpegDecoderUnavailable``, naming
+    what to install.
     """
 
-    def __init__(self, device: torch.device, dataset: Any = None, collate_fn: Any = None) -> None:
+    def __init__(
+        self, device: torch.device, dataset: Any = None, collate_fn: Any = None, jpeg: str | None = None
+    ) -> None:
         self.device = device
+        self.jpeg = jpeg_decoder(device, jpeg)
         self.counts = DecodeCounts()
         self._dataset = dataset
         self._collate_fn = collate_fn
@@ -167,11 +178,13 @@ class GpuDecoder:
 
     def _nvjpeg(self, images: Sequence[Any], rows: list[int]) -> dict[int, torch.Tensor]:
         """``{row: 3×H×W image}`` for the rows nvJPEG decodes; a failed batch is retried image by image."""
+        prepared = [(row, self.jpeg.prepare(images[row].data)) for row in rows]
+        rows = [row for row, data in prepared if data is not None]  # None: a header we cannot vouch for
+        encoded = [data for _, data in prepared if data is not None]
         if not rows:
             return {}
-        encoded = [torch.frombuffer(bytearray(images[i].data), dtype=torch.uint8) for i in rows]
         try:
-            return dict(zip(rows, self._decode_jpegs(encoded)))
+            return self._as_planned(images, dict(zip(rows, self._decode_jpegs(encoded))))
         except RuntimeError as error:
             _raise_if_out_of_memory(error)
         self.counts.batch_retries += 1
@@ -182,16 +195,30 @@ class GpuDecoder:
                 decoded[row] = self._decode_jpegs([data])[0]
             except RuntimeError as error:
                 _raise_if_out_of_memory(error)  # else: the CPU decodes it, or names what is wrong with it
-        return decoded
+        return self._as_planned(images, decoded)
+
+    def _as_planned(self, images: Sequence[Any], decoded: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """``decoded`` less the images whose size is not their header's, the size their plan was drawn on
+        (a decoder that turned an image would crop the wrong pixels): the CPU decodes those."""
+        kept = {}
+        for row, image in decoded.items():
+            header = images[row].header
+            if header is not None and tuple(image.shape) != (3, header.height, header.width):
+                self._log_once(
+                    "size",
+                    f"GPU decode: {self.jpeg} decoded {images[row].key} to {tuple(image.shape)}, its header says"
+                    f" {header.width}x{header.height}: decoding it on the CPU",
+                )
+                continue
+            kept[row] = image
+        return kept
 
     def _decode_jpegs(self, encoded: list[torch.Tensor]) -> list[torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         if self.device.type != "cuda":
-            return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
+            return self.jpeg.decode(encoded, self.device)
         side = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._decode_stream(side)) as stream:
-            images = list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
+            images = self.jpeg.decode(encoded, self.device)
         side.wait_stream(stream)
         for image in images:
             image.record_stream(side)  # back to the decode stream's pool only after the side stream read it
@@ -265,8 +292,7 @@ def decode_batch(images: Sequence[Any], device: torch.device) -> torch.Tensor:
 
 def _raise_if_out_of_memory(error: RuntimeError) -> None:
     """Out of memory is not a bad image: never fall back on it (nvJPEG reports it as a status)."""
-    text = str(error)
-    if isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text.lower() or "ALLOCATOR_FAILURE" in text:
+    if not_a_bad_image(error):
         raise error
 
 

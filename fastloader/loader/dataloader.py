@@ -63,7 +63,8 @@ class DataLoaderX(DataLoader[T_co]):
         random_flip: probability of flipping each image horizontally, on the device; drawn from a
             generator of the loader's own, seeded each epoch from torch's worker seed (so
             ``torch.manual_seed`` or ``generator`` make it reproducible), never from the training loop's.
-        decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream; the
+        decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream (through
+            torchcodec when installed, else torchvision: ``stats()["gpu_decoder"]`` says which); the
             dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
             encoded bytes and crop plans. Without CUDA it falls back to "cpu" with a warning. The
             dataset's error policy applies to images no decoder can read; fallbacks to the CPU are
@@ -248,7 +249,10 @@ class DataLoaderX(DataLoader[T_co]):
         * ``verdict``: the grade, the slowest stage and the next step (``fastloader.loader.verdict``);
         * ``batch_ring``: the reused batch buffers (``slots``, ``bytes``, ``reused``: batches written into a slot,
           ``fresh``: batches that found every slot in use, ``in_use``, ``pinned``), None without a ring
-          (``fastloader.image.batch_ring``).
+          (``fastloader.image.batch_ring``);
+        * ``gpu_decode``: with ``decode_on="cuda"``, what the GPU decoder did (images on the GPU and the CPU,
+          retried batches, bad images), and ``gpu_decoder`` the JPEG decoder it runs ("torchcodec 0.17.0" or
+          "torchvision 0.29.1"); both None otherwise (``fastloader.image.gpu_decode``).
         """
         return loader_stats(self)
 

@@ -30,6 +30,7 @@ def loader_stats(loader: DataLoaderX[Any]) -> dict[str, Any]:
     stats["num_workers"] = int(loader.num_workers)
     stats["autotune"] = runtime.autotune.to_dict() if runtime.autotune is not None else None
     stats["gpu_decode"] = runtime.decoder.counts.to_dict() if runtime.decoder is not None else None
+    stats["gpu_decoder"] = str(runtime.decoder.jpeg) if runtime.decoder is not None else None
     stats["batch_ring"] = runtime.ring.stats() if runtime.ring is not None else None
     stats.update(runtime.stats.summary())
     stats["verdict"] = judge(stats, setting_of(loader)).to_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,15 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_sample_folder(tmp_path_factory.mktemp("sample"), 300, num_classes=3)
 
 
-def test_gpu_decode_matches_cpu_decode(sample: Path) -> None:
+def decoders() -> list[str]:
+    """The JPEG decoders installed here (torchcodec, torchvision): the GPU path is checked with each."""
+    return [name for name in ("torchcodec", "torchvision") if importlib.util.find_spec(name) is not None]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision's decode_jpeg is deprecated
+@pytest.mark.parametrize("decoder", decoders())
+def test_gpu_decode_matches_cpu_decode(sample: Path, decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOADER_JPEG_DECODER", decoder)
     eval_tf = T.Compose([T.Resize(256), T.CenterCrop(224)])  # deterministic: the same plans on both paths
     cpu = DataLoaderX(ImageFolder(sample, transform=eval_tf), batch_size=64, num_workers=2, device="cpu")
     gpu = DataLoaderX(ImageFolder(sample, transform=eval_tf), batch_size=64, num_workers=2, decode_on="cuda")
@@ -54,6 +63,7 @@ def test_gpu_decode_matches_cpu_decode(sample: Path) -> None:
         assert diff.mean() < 3.0, f"nvJPEG + GPU resize differ from the CPU path by {diff.mean():.2f} on average"
         count += gpu_images.shape[0]
     assert count == 300
+    assert gpu.stats()["gpu_decoder"].startswith(f"{decoder} ")  # the decoder that ran, as the user sees it
 
 
 def test_gpu_decode_train_pipeline_with_normalize(sample: Path) -> None:
