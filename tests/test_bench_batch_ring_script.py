@@ -4,11 +4,12 @@ ring off and on, each in a fresh interpreter, writes the JSON the docs' figures 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +19,7 @@ def test_ring_off_and_on_with_their_counts_and_a_paired_ratio(tmp_path: Path) ->
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_batch_ring.py"), "--images", "40"]
     command += ["--batch-size", "8", "--repeats", "1", "--warmup", "1", "--epochs", "1", "--packs", "256"]
     command += ["--pipelines", "eval", "--data", str(tmp_path / "data"), "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_child(command, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(out.read_text())["256/eval"]
     off, on = figures["runs"]["off"][0], figures["runs"]["on"][0]

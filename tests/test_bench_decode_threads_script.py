@@ -4,11 +4,12 @@ each setup in a fresh interpreter, writes the JSON the docs' figures are read fr
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +19,7 @@ def test_each_setup_is_measured_with_a_paired_ratio(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_decode_threads.py"), "--images", "40"]
     command += ["--batch-size", "8", "--repeats", "1", "--warmup", "1", "--epochs", "1", "--packs", "256"]
     command += ["--pipelines", "eval", "--data", str(tmp_path / "data"), "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_child(command, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(out.read_text())["256/eval"]
     assert set(figures["runs"]) == {"1 worker, 1 thread", "1 worker, 2 threads", "2 workers, 1 thread"}

@@ -4,12 +4,12 @@ writes the JSON the docs' figures are read from, the loader with a cache beside 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from fastloader.pack import pack
 from fastloader.sample import make_sample_folder
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_both_loaders_are_measured_epoch_by_epoch(tmp_path: Path) -> None:
         str(tmp_path / "sample.lmdb"),
     ]
     command += ["--epochs", "2", "--repeats", "1", "--workers", "1", "--batch-size", "8", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_child(command, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {"no cache", "cache"}

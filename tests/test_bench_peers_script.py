@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -22,7 +23,7 @@ def run_peers(tmp_path: Path, rows: list[str], env: dict[str, str]) -> dict[str,
     command = [sys.executable, str(BENCHMARKS / "bench_peers.py"), "--images", "24", "--batch-size", "8"]
     command += ["--workers", "1", "--repeats", "1", "--epochs", "1", "--pipelines", "train", "eval"]
     command += ["--data", str(tmp_path / "data"), "--out", str(out), "--rows", *rows]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    done = run_child(command, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return dict(json.loads(out.read_text()))
 

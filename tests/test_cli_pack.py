@@ -18,14 +18,14 @@ from fastloader.formats import lmdb_records as records
 from fastloader.pack.lmdb_sink import LMDBSink
 from fastloader.pack.readers import ReencodeOptions, reencode
 from fastloader.pack.verify import verify
-from tests.helpers import wait_until
+from tests.helpers import run_child, wait_until
 from tests.images import packed_items, write_image_folder
 
 CLI = [sys.executable, "-m", "fastloader.cli"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+    return run_child([*CLI, *args])
 
 
 def stamp(dst: Path) -> tuple[int, int] | None:
@@ -81,7 +81,7 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(tmp_
             break
         positions.append(position)
     assert any(0 < position < 301 for position in positions), f"no kill landed mid-pack: {positions}"
-    final = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    final = run_child(command)
     assert final.returncode == 0, final.stderr
     summary = json.loads(final.stdout)
     assert summary["packed"] == 300 and [s["key"] for s in summary["skipped"]] == ["class_2/broken.jpg"]

@@ -27,7 +27,6 @@ import os
 import pkgutil
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import pytest
 
 import fastloader
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -142,13 +142,8 @@ def example_results(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -
     selfcheck = str(tmp_path_factory.mktemp("selfcheck"))
     jobs += [dict(job, name=f"selfcheck:{job['name']}", cwd=selfcheck) for job in SELFCHECK_JOBS]
     env = dict(example_env(), FASTLOADER_CACHE=str(tmp_path_factory.mktemp("cache")))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "doc_examples.py")],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    done = run_child(
+        [sys.executable, str(ROOT / "tests" / "doc_examples.py")], input=json.dumps(jobs), env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr
     results: dict[str, dict[str, Any]] = json.loads(done.stdout)

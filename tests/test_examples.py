@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 8, side: in
 
 def run(script: Path, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+    done = run_child([sys.executable, str(script), *args], env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -67,12 +68,8 @@ def test_demo_says_what_the_machine_supports_instead_of_torch_warning(tmp_path: 
     """`make demo`'s job on a tiny sample: no "pin_memory ... no accelerator" warning mid-output without a GPU."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     args = ["--images", "48", "--batch-size", "16", "--workers", "1", "--data", str(tmp_path / "sample")]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo.py"), *args, "--report", str(tmp_path / "report.html")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    done = run_child(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), *args, "--report", str(tmp_path / "report.html")], env=env
     )
     assert done.returncode == 0, done.stderr
     assert "speed-up: x" in done.stdout and "verdict:" in done.stdout and (tmp_path / "report.html").exists()

@@ -8,11 +8,12 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ["sample", "env", "decode_equality", "rng", "copy_race"]
@@ -32,9 +33,7 @@ def test_smoke_run_of_cheap_steps_writes_one_json_line_per_step(tmp_path: Path) 
         GLC_WHEELS="0",  # never unpack a GPU machine's wheels (another Python's) into this run
         GLC_STEPS=" ".join(STEPS),
     )
-    done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=120
-    )
+    done = run_child(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert (out / "log.txt").exists()
@@ -75,9 +74,9 @@ def test_smoke_run_of_cheap_steps_writes_one_json_line_per_step(tmp_path: Path) 
 
 def test_an_unknown_step_is_refused_with_the_list_of_steps() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLC_DEVICE="cpu")
-    done = subprocess.run(
+    done = run_child(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "no_such_step"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
     )  # fmt: skip
     assert done.returncode == 2
     assert "decode_race" in done.stderr and "scaling" in done.stderr

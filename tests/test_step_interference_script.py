@@ -5,11 +5,11 @@ table is read from, with the images/s both loaders were held at."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from fastloader.sample import make_sample_folder
+from tests.helpers import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_smoke_run_holds_the_rate_and_reports_ratios_against_the_step_alone(tmp_
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_step_interference.py"), "--folder", str(folder)]
     command += ["--batch-size", "4", "--rate", "16", "--seconds", "1", "--settle", "0.5", "--repeats", "1"]
     command += ["--steps", "launch", "--conditions", *conditions, "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_child(command, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     table = result["results"]["launch"]

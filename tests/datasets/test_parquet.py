@@ -28,6 +28,7 @@ from fastloader.errors import FormatError, MissingField
 from fastloader.fields.source import FieldSource, aliases, field_kinds, read_fields
 from fastloader.image.pil import decode_pil
 from fastloader.samplers import ShardWindowSampler
+from tests.helpers import run_child
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = ["cat", "dog", "fish"]
@@ -362,7 +363,7 @@ def test_a_few_kb_that_decode_to_300_mb_are_refused_within_bounded_memory(tmp_pa
         "print(json.dumps([outcome, baseline, memory('VmHWM')]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, timeout=240)
+    out = run_child([sys.executable, "-c", code, str(path)], env=env)
     assert out.returncode == 0, out.stderr
     outcome, baseline, peak = json.loads(out.stdout)
     assert baseline > 100 << 20  # python, torch and pyarrow: what every reader process holds anyway

@@ -17,6 +17,7 @@ import pytest
 from fastloader.doctor import report_html
 from fastloader.doctor.report_html import CSS, render_report, write_report
 from fastloader.doctor.svg_charts import BLUE, ORANGE, PURPLE, RED, nice_ticks, num
+from tests.helpers import run_child
 
 CHROMIUM = "/usr/bin/chromium"
 ALL_CHARTS = {"stages", "throughput", "queues", "cpu", "gpu"}
@@ -405,7 +406,7 @@ def chromium(tmp_path: Path, page: Path, *mode: str) -> subprocess.CompletedProc
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
     flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
     flags += [f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
-    done = subprocess.run([CHROMIUM, *flags, *mode, page.as_uri()], capture_output=True, text=True, timeout=60)
+    done = run_child([CHROMIUM, *flags, *mode, page.as_uri()])
     assert done.returncode == 0, done.stderr[-2000:]
     return done
 

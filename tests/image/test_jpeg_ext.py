@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from PIL import Image
 from fastloader.errors import UnsupportedJPEGError
 from fastloader.image import jpeg_ext, pil
 from fastloader.sample import PHOTOS
+from tests.helpers import run_child
 from tests.images import needs_arrow
 
 pytestmark = pytest.mark.skipif(
@@ -374,7 +374,7 @@ def test_ten_thousand_decodes_do_not_grow_memory(jpegs: dict[str, bytes], tmp_pa
     (tmp_path / "good").write_bytes(jpegs["420_optimized_tiny"])
     (tmp_path / "truncated").write_bytes(jpegs["420"][:3000])
     (tmp_path / "cmyk").write_bytes(encode(photo_crop(16, 16, 0).convert("CMYK"), quality=90))
-    run = subprocess.run([sys.executable, "-c", LEAK_CHECK, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    run = run_child([sys.executable, "-c", LEAK_CHECK, str(tmp_path)])
     assert run.returncode == 0, run.stderr
     growth = int(run.stdout.split()[-1])
     # 1 MiB over 10k round trips is 100 bytes each: a leak of any one allocation per decode shows.
@@ -665,11 +665,8 @@ def test_the_vector_and_plain_resize_give_the_same_integers(jpegs: dict[str, byt
     (tmp_path / "in.jpg").write_bytes(jpegs["422_odd"])
     runs = {}
     for name, env in (("simd", {}), ("plain", {"FASTLOADER_NO_SIMD_RESIZE": "1"})):
-        run = subprocess.run(
+        run = run_child(
             [sys.executable, "-c", SIMD_CHECK, str(tmp_path / "in.jpg"), str(tmp_path / name)],
-            capture_output=True,
-            text=True,
-            timeout=120,
             env={**os.environ, **env},
         )
         assert run.returncode == 0, run.stderr
@@ -829,12 +826,7 @@ def test_a_job_that_empties_the_job_list_as_it_is_read_decodes_as_given(
     parsed: the batch decodes the jobs it was given, every one (once, this crashed the interpreter). In a
     subprocess, so that a crash fails this test, not the run."""
     (tmp_path / "in.jpg").write_bytes(jpegs["420"])
-    run = subprocess.run(
-        [sys.executable, "-c", EMPTYING_JOB, str(tmp_path / "in.jpg"), field],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_child([sys.executable, "-c", EMPTYING_JOB, str(tmp_path / "in.jpg"), field])
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.split("\n")[0] == "[] 0 [True, True, True, True]"
 

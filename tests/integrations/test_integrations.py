@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import CHILD_TIMEOUT_S, run_child
 from tests.integrations.common import BATCH, LENGTH
 
 pytest.importorskip("lightning")
@@ -23,22 +22,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def run(args: list[str], timeout: float = 240) -> None:
+def run(args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_child([sys.executable, *args], cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 
 def torchrun(script: str, outdir: Path) -> None:
-    run(
-        ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), script, str(outdir)]
-    )
+    # --standalone: torchrun binds its rendezvous port itself, where a free port picked here could be taken by
+    # another job on the machine before torchrun binds it.
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, str(outdir)])
 
 
 def per_epoch(outdir: Path, config: str, kind: str) -> dict[str, list[list[int]]]:
@@ -145,7 +138,7 @@ def test_accelerate_runs_dataloaderx_with_accelerates_semantics(tmp_path: Path, 
         assert "already splits the data over the ranks (DistributedSampler)" in message
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(2 * CHILD_TIMEOUT_S + 60)  # two runs, each guarded by run_child: its timeout fails first
 def test_lightning_mid_epoch_checkpoint_resumes_with_the_uninterrupted_batches(tmp_path: Path) -> None:
     run([str(HERE / "lightning_resume.py"), str(tmp_path), "first"])
     run([str(HERE / "lightning_resume.py"), str(tmp_path), "rest"])  # a new process, as after a crash

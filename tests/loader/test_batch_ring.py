@@ -18,7 +18,7 @@ from fastloader import transforms as T
 from fastloader.datasets.base import ImageDataset
 from fastloader.image.batching import collate
 from fastloader.torch_internals import worker_processes
-from tests.helpers import child_processes, wait_until
+from tests.helpers import child_processes, shm_files, wait_until
 from tests.transforms import encode, photo
 
 EVAL = T.Compose([T.Resize(40), T.CenterCrop(32)])
@@ -141,7 +141,7 @@ def test_ring_on_and_off_give_the_same_random_crops() -> None:
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_nothing_is_left_once_the_loader_its_workers_and_its_batches_are_gone(method: str) -> None:
-    before_shm, before_maps = _shm_files(), ring_maps()
+    before_shm, before_maps = shm_files(), ring_maps()
     dataset = photos(24)
     reference = Reference(dataset)
     loader = DataLoaderX(dataset, batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context=method)
@@ -157,13 +157,7 @@ def test_nothing_is_left_once_the_loader_its_workers_and_its_batches_are_gone(me
         reference.check(images, labels)
     del batches, images, labels
     gc.collect()
-    assert ring_maps() == before_maps and _shm_files() <= before_shm
-
-
-def _shm_files() -> set[str]:
-    """The files in /dev/shm other than semaphores: any process on the machine makes and removes those
-    (multiprocessing's locks, sem.mp-*), so they say nothing of this loader; the ring's memory is a memfd."""
-    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+    assert ring_maps() == before_maps and shm_files() <= before_shm
 
 
 def test_a_killed_worker_leaves_every_held_batch_intact() -> None:

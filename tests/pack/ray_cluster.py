@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,14 +22,13 @@ from typing import Any
 
 import psutil
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_child
 from tests.pack.wrapped_source import WrappedSource
 
 RAY_BIN = Path(sys.executable).parent / "ray"
 # For the cluster and its drivers: no usage report, and no token auth (which a ~/.ray/auth_token left by any
 # earlier local ray.init() would switch on for the head alone, and the second raylet then cannot join).
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-START_TIMEOUT_S = 120
 
 
 def _free_port() -> int:
@@ -40,11 +38,11 @@ def _free_port() -> int:
 
 
 def _ray_start(args: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run(
+    done = run_child(
         [str(RAY_BIN), "start", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
          "--object-store-memory=80000000", f"--dashboard-agent-listen-port={_free_port()}",
          f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}", *args],
-        env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S, start_new_session=True,
+        env=env,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")

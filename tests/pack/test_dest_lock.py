@@ -17,7 +17,7 @@ import pytest
 from fastloader.errors import DestinationLocked
 from fastloader.pack import pack, verify
 from fastloader.pack.dest_lock import lock_path
-from tests.helpers import ROOT
+from tests.helpers import ROOT, finish, run_child
 from tests.images import pack_contents, write_image_folder
 from tests.pack.gated_source import wait_for_lock
 
@@ -48,17 +48,17 @@ def test_a_second_pack_into_a_locked_destination_is_refused_naming_the_holder(
     running = gated_pack(first, dst, output)
     record = wait_for_lock(dst, tmp_path, running)
     assert record["host"] == socket.gethostname()
-    refused = subprocess.run(
+    refused = run_child(
         [*CLI, "pack", str(second), str(dst), "--format", output, "--shard-size", "8", "--workers", "0",
          "--no-progress"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=_env(),
     )  # fmt: skip
     assert refused.returncode == 1, refused.stdout
     assert "another fastloader pack is writing into it" in refused.stderr
     assert f"pid {running.pid} on host {socket.gethostname()}, since " in refused.stderr
     assert "gated_source" in refused.stderr  # the holder's command line
     (tmp_path / "gate").touch()
-    out, err = running.communicate(timeout=120)
+    out, err = finish(running)
     assert running.returncode == 0, err
     assert verify(dst).ok
     assert pack_contents(dst) == items  # every sample once, all of the first source
@@ -130,4 +130,5 @@ def test_two_spellings_of_one_destination_share_its_lock(
     with pytest.raises(DestinationLocked, match=f"pid {running.pid} on host"):
         pack(second, tmp_path / "link" / "dst/", format="tar", workers=0, progress=False)
     (tmp_path / "gate").touch()
-    assert running.wait(timeout=120) == 0
+    finish(running)
+    assert running.returncode == 0

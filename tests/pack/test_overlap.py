@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from fastloader.datasets.folder import FolderSource
 from fastloader.pack import pack
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_child
 from tests.images import write_image_folder
 
 
@@ -69,9 +68,9 @@ def test_a_pattern_source_refuses_its_own_directory_and_not_a_sub_directory(tmp_
 
 
 def test_the_cli_names_both_paths(src: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
+    done = run_child(
         [sys.executable, "-m", "fastloader.cli", "pack", str(src), str(src / "packed"), "--no-progress"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert done.returncode == 1
     assert f"fastloader pack: error: the destination {src / 'packed'} is inside the source {src}" in done.stderr

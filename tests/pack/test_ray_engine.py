@@ -26,7 +26,7 @@ from fastloader.pack import pack, verify
 from fastloader.pack.ray_job import JOB_DIR
 from fastloader.pack.summary import report_path
 from tests.field_items import FieldItems, assert_same_value
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, finish, run_child, wait_until
 from tests.images import write_image_folder
 from tests.pack.ray_cluster import ENV as RAY_ENV
 from tests.pack.ray_cluster import LoggedSource, RayCluster, reads
@@ -216,7 +216,7 @@ def test_a_killed_driver_run_again_redoes_only_the_unfinished_shards(
     done = sorted(int(path.stem) for path in done_dir.glob("*.json"))
     assert 2 <= len(done) < 11, f"{first.returncode}: {first.stderr.read()}"  # 33 positions: 11 shards of 3
     second = _driver(folder, dst, tmp_path / "reads-2", cluster.address)
-    out, err = second.communicate(timeout=240)
+    out, err = finish(second)
     assert second.returncode == 0, err
     summary = json.loads(out)
     read_again = sorted(p for positions in reads(tmp_path / "reads-2").values() for p in positions)
@@ -230,10 +230,10 @@ def test_a_killed_driver_run_again_redoes_only_the_unfinished_shards(
 
 def test_the_cli_packs_on_ray_with_the_local_json_summary(cluster: RayCluster, folder: Path, tmp_path: Path) -> None:
     dst = tmp_path / "ray"
-    done = subprocess.run(
+    done = run_child(
         [*CLI, "pack", str(folder), str(dst), "--engine", "ray", "--ray-address", cluster.address, "--format",
          "parquet", "--shard-size", "8", "--json", "--no-progress"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -241,7 +241,7 @@ def test_the_cli_packs_on_ray_with_the_local_json_summary(cluster: RayCluster, f
     assert summary.keys() == local.keys()  # the same summary
     assert (summary["packed"], summary["total"], summary["shards"], len(summary["skipped"])) == (30, 33, 4, 3)
     assert summary["by_reason"] == local["by_reason"] and summary["images_per_s"] > 0
-    checked = subprocess.run([*CLI, "verify", str(dst), "--no-progress"], capture_output=True, text=True, timeout=120)
+    checked = run_child([*CLI, "verify", str(dst), "--no-progress"])
     assert checked.returncode == 0 and checked.stdout.startswith("OK: 30 records verified"), checked.stdout
 
 
@@ -256,8 +256,7 @@ def test_an_lmdb_and_other_combinations_are_refused_before_any_work(folder: Path
         pack(folder, tmp_path / "out", ray_address="auto")
     with pytest.raises(ValueError, match="engine must be local or ray"):
         pack(folder, tmp_path / "out", engine="spark")
-    done = subprocess.run([*CLI, "pack", str(folder), str(tmp_path / "o"), "--engine", "ray", "--format", "lmdb"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = run_child([*CLI, "pack", str(folder), str(tmp_path / "o"), "--engine", "ray", "--format", "lmdb"])
     assert done.returncode == 1 and "LMDB is one file with a single writer" in done.stderr
     pack(folder, tmp_path / "local", format="tar", workers=0, progress=False)
     with pytest.raises(FormatError, match="holds a different pack"):
@@ -346,20 +345,21 @@ def test_a_ray_pack_holds_its_destination_against_a_local_pack_and_the_other_way
     with pytest.raises(DestinationLocked, match=f"pid {running.pid} on host"):
         pack(folder, local_dst, format="tar", engine="ray", ray_address=cluster.address, progress=False)
     (tmp_path / "gate").touch()
-    assert running.wait(timeout=120) == 0
+    finish(running)
+    assert running.returncode == 0
     (tmp_path / "gate").unlink()
     (tmp_path / "markers").rename(tmp_path / "markers-local")
 
     dst = tmp_path / "ray"
     driver = gated_pack(folder, dst, "tar", cluster.address)  # a Ray pack, held in its tasks
     wait_for_lock(dst, tmp_path, driver)
-    local = subprocess.run(
+    local = run_child(
         [*CLI, "pack", str(folder), str(dst), "--format", "tar", "--workers", "0", "--no-progress"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert local.returncode == 1 and f"writing into it: pid {driver.pid} on host" in local.stderr, local.stderr
     (tmp_path / "gate").touch()
-    _, err = driver.communicate(timeout=240)
+    _, err = finish(driver)
     assert driver.returncode == 0, err
     assert [row[:3] for row in _samples(dst)] == [row[:3] for row in _samples_of(folder)]
     assert verify(dst).ok and not lock_path(dst).exists()
