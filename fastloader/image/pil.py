@@ -47,7 +47,8 @@ def decode_errors(key: str, what: str = "image") -> Iterator[None]:
         yield
     except DecodeError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
+    # SyntaxError, EOFError: what PIL's PNG (and other) plugins raise for a broken chunk or cut data.
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as error:
         raise DecodeError(f"{key}: cannot decode {what} ({type(error).__name__}: {error})") from error
 
 

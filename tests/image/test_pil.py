@@ -52,3 +52,21 @@ def test_the_pack_converts_as_the_datasets_decode() -> None:
     data = encoded(palette)
     packed = reencode(data, ReencodeOptions(quality=95))
     assert np.abs(np.asarray(decode_pil(packed), dtype=int) - np.asarray(decode_pil(data), dtype=int)).max() <= 8
+
+
+def test_every_broken_byte_of_a_png_is_a_decode_error_naming_the_key() -> None:
+    """Each byte of a small PNG set to 0 and to 255 in turn: the image decodes, or the error is our
+    DecodeError naming the key (PIL raises SyntaxError for a broken chunk, which once escaped)."""
+    out = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), 7, np.uint8)).save(out, format="PNG")
+    data, kinds = out.getvalue(), set()
+    for offset in range(len(data)):
+        for value in (0, 255):
+            broken = bytearray(data)
+            broken[offset] = value
+            try:
+                decode_pil(bytes(broken), "shard-3/0007.png")
+            except DecodeError as error:
+                assert str(error).startswith("shard-3/0007.png: cannot decode image (")
+                kinds.add(str(error).split("(")[1].split(":")[0])
+    assert "SyntaxError" in kinds
