@@ -78,6 +78,20 @@ def redact(text: str) -> str:
     return text
 
 
+def printable(text: str) -> str:
+    """``text`` with the file-name bytes that are not UTF-8 (the lone surrogates ``surrogateescape`` makes
+    of them) written as ``\\xNN`` escapes, other lone surrogates as ``\\uNNNN``: a line any UTF-8 log
+    or terminal can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate surrogateescape does not make
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 class RemoteError(FastloaderError, OSError):
     """A remote read or write that failed for good; the message names the object.
 

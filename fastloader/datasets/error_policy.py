@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fastloader.errors import DecodeError, TooManyBadSamples
+from fastloader.errors import DecodeError, TooManyBadSamples, printable
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 
@@ -106,7 +106,8 @@ class ErrorPolicy:
         self._catch_up()
         if key not in self._found:
             # Once for the whole run: other processes (earlier epochs' workers) may have reported it.
-            _LOG.warning("bad sample %s (position %d): %s", key, index, reason)
+            # printable: a non-UTF-8 file name would make a UTF-8 log handler fail on the line
+            _LOG.warning("bad sample %s (position %d): %s", printable(key), index, printable(reason))
             sample = BadSample(index, key, reason)
             bad_samples.append(self.quarantine, sample)
             self._found[key] = sample

@@ -316,3 +316,24 @@ def test_a_failure_found_later_goes_through_the_same_policy(tmp_path: Path) -> N
     assert [sample.key for sample in strict.bad_samples()] == ["#3"]
     with pytest.raises(TooManyBadSamples, match=r"sample 3 \(#3\) and the 16 after it are all bad"):
         ErrorPolicy("replace", 40, quarantine=tmp_path / "flood.tsv").recover(3, key, error, lambda i: produce(3))
+
+
+def test_a_bad_sample_with_a_non_utf8_name_logs_a_line_a_utf8_file_can_hold(tmp_path: Path) -> None:
+    """A Latin-1 file name on a UTF-8 system (a lone surrogate after surrogateescape) is logged escaped:
+    a log handler writing UTF-8 (a file, a CI log) would otherwise fail on the line."""
+    import logging
+
+    from fastloader.datasets.error_policy import ErrorPolicy
+
+    log = tmp_path / "run.log"
+    handler = logging.FileHandler(log, encoding="utf-8")
+    handler.handleError = lambda record: pytest.fail(f"the log line could not be written: {record.msg}")  # type: ignore[method-assign]
+    logger = logging.getLogger("fastloader")
+    logger.addHandler(handler)
+    try:
+        name = b"caf\xe9.jpg".decode("utf-8", "surrogateescape")
+        ErrorPolicy("skip", None, None, tmp_path / "quarantine.tsv", ()).record(4, name, f"{name}: cannot decode")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert "bad sample caf\\xe9.jpg (position 4): caf\\xe9.jpg: cannot decode" in log.read_text(encoding="utf-8")
