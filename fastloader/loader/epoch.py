@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloader.loader.device import on_device
+from fastloader.loader.epoch_progress import Progress
 from fastloader.loader.normalize import flip_seed, reseed_flips
 from fastloader.loader.prefetch_iterator import PrefetchIterator
 from fastloader.loader.report import log_verdict
@@ -64,6 +65,28 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
         stall_warning=plan.stall_warning,
         stack_dir=runtime.stack_dir,
         context=functools.partial(on_device, plan.device),
+        moved_on=functools.partial(_next_epoch_instead, weakref.ref(loader), progress) if start.loaded else None,
     )
     runtime.deliver(iterator)
     return iterator
+
+
+def _next_epoch_instead(
+    loader_ref: weakref.ref[DataLoaderX[Any]], progress: Progress, iterator: PrefetchIterator
+) -> PrefetchIterator | None:
+    """At the first ``next()`` of an iteration a loaded state began: if the training loop went on to
+    another epoch since ``iter()`` (``ResumeCursor.moved_on``), that epoch, opened in its place. A checkpoint
+    taken at the last batch of an epoch the loop cut short (Lightning's ``limit_train_batches``) resumes
+    into the next epoch, as the uninterrupted run went on, not into the rest of the cut one."""
+    loader = loader_ref()
+    if loader is None:
+        return None
+    cursor = loader._cursor
+    epoch = cursor.moved_on(progress)
+    if epoch is None:
+        return None
+    iterator.close()  # the producer stops (and the workers, unless persistent) before the cursor moves on
+    cursor.end_loaded(progress, epoch)
+    replacement = open_epoch(loader)
+    loader._runtime.deliver(iterator)  # the iterator the loop holds delivers the new epoch
+    return replacement

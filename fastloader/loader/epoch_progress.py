@@ -70,7 +70,8 @@ class Progress:
         self.rng, self.seed = rng, seed
         self.base_seed = plan.base_seed
         self.batches = 0  # batches the loop received (or that raised) in this iteration
-        self.done = False  # StopIteration reached
+        self.done = False  # StopIteration reached (or the loop ended the iteration: ResumeCursor.end_loaded)
+        self.drawn = False  # the index stream began: the sampler drew the epoch's order
         self.prefix = 0  # the first batches of the order, all received
         self.prefix_samples = 0  # the samples of those batches
         self._sizes: dict[int, int] = {}  # samples of each batch drawn beyond the prefix
@@ -115,7 +116,7 @@ class Progress:
             stream: Iterator[Any] = _skipped(inner, plan.skip)
         else:
             stream = self._stateful_stream(indexing)
-        for ordinal, indices in enumerate(stream):
+        for ordinal, indices in enumerate(_marked(stream, self)):
             # Before the batch exists: record() counts its samples when the loop receives it.
             self._sizes[ordinal] = _samples_in(indices, indexing.batched)
             if ordinal not in plan.after:
@@ -167,6 +168,18 @@ class EpochIndices:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+def _marked(stream: Iterator[Any], progress: Progress) -> Iterator[Any]:
+    """``stream``, with ``progress.drawn`` set once its first item (or its end) came: the sampler drew."""
+    try:
+        first = next(stream)
+    except StopIteration:
+        progress.drawn = True
+        return
+    progress.drawn = True
+    yield first
+    yield from stream
 
 
 def _samples_in(indices: Any, batched: bool) -> int:

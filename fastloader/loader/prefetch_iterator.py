@@ -52,7 +52,9 @@ class PrefetchIterator(Iterator[Any]):
         stall_warning: float | None = None,
         stack_dir: StackDir | None = None,
         context: Callable[[], Any] | None = None,
+        moved_on: Callable[[PrefetchIterator], PrefetchIterator | None] | None = None,
     ) -> None:
+        self._moved_on = moved_on  # asked at the first next(): the epoch that takes this one's place, if any
         self._source = source
         self._progress = progress
         self._length = LengthCheck(source)
@@ -77,6 +79,11 @@ class PrefetchIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
+        if self._moved_on is not None:
+            moved_on, self._moved_on = self._moved_on, None
+            replacement = moved_on(self)
+            if replacement is not None:
+                self._take_over(replacement)
         progress = self._progress
         while True:
             try:
@@ -108,6 +115,13 @@ class PrefetchIterator(Iterator[Any]):
         self._length.check(progress.batches if progress is not None else 0)
         return item
 
+    def _take_over(self, replacement: PrefetchIterator) -> None:
+        """Deliver ``replacement``'s epoch from here on (the training loop holds this iterator); this one's
+        producer has stopped. ``replacement`` is left an empty shell: closing it finds nothing to close."""
+        state = replacement.__dict__.copy()
+        replacement.__dict__.clear()
+        self.__dict__.update(state)
+
     def _delivered(self, item: Any, asked: float) -> None:
         now = time.perf_counter()
         step = asked - self._delivered_at if self._delivered_at is not None else None
@@ -132,7 +146,9 @@ class PrefetchIterator(Iterator[Any]):
 
     def close(self) -> None:
         """Stop prefetching now; the producer stops the workers too unless they are persistent."""
-        self._background.close()
+        background = self.__dict__.get("_background")
+        if background is not None:  # None: an iterator another one took over (_take_over)
+            background.close()
 
     def __del__(self) -> None:
         # An early ``break`` drops the iterator: stop the thread and the workers now, not whenever

@@ -11,6 +11,11 @@ The cursor is the one home of what ``state_dict()`` saves and ``load_state_dict(
   epoch (it delivers nothing; the next ``iter()`` is the next epoch); a state taken after the end names the
   next epoch at its first batch. A state taken before the first batch of an epoch (before or after ``iter()``)
   fixes that epoch's seeds: loading it gives the very batches the interrupted run had.
+* A loop that cut the loaded epoch short (Lightning's ``limit_train_batches``) goes on with the next epoch:
+  ``set_epoch`` after the load, or the sampler's epoch set after ``iter()`` (Lightning's order). The loaded
+  iteration begins as the interrupted one did (its draws of torch's RNGs), and its first ``next()`` opens
+  that epoch in its place (``moved_on`` / ``end_loaded``; ``fastloader.loader.epoch``): the uninterrupted
+  run's order, not the rest of the cut epoch.
 * What the order is made of, per sampler: fastloader's samplers (``seed=``, or the split by ``local_rank`` /
   ``distributed=True``) start at the position themselves (with another world size the rest of the epoch is
   re-split over the new ranks; ranks are assumed to advance in lockstep, as DDP makes them); a sampler with
@@ -51,7 +56,7 @@ from fastloader.loader.resume_samplers import (
 from fastloader.loader.resume_state import VERSION, check_state, encode_rng, encode_workers
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers.torch_random import TorchRandomSampler
-from fastloader.torch_internals import persistent_iterator
+from fastloader.torch_internals import index_sampler, persistent_iterator
 
 if TYPE_CHECKING:
     from fastloader.loader.dataloader import DataLoaderX
@@ -91,8 +96,11 @@ class ResumeCursor:
     # --- epochs -----------------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        if self.pending is not None and self.pending.epoch != epoch:
-            self.pending = None  # another epoch than the loaded one: start it from the beginning
+        pending = self.pending
+        if pending is not None and pending.epoch != epoch and pending.loaded is None:
+            self.pending = None  # another epoch than the one pinned: start it from the beginning
+        # A loaded state stays: its iteration begins as the interrupted one did (the same draws of torch's
+        # RNGs), and its first next() moves on to this epoch (moved_on), from where the loaded one stopped.
         self.epoch, self.epoch_set = epoch, True
 
     def next_plan(self) -> Plan:
@@ -101,7 +109,7 @@ class ResumeCursor:
         if self.started and not self.epoch_set:
             external = sampler_epoch(loader)
             if external is not None and external != self.sampler_epoch_at_iter:
-                self.epoch = external  # a framework set the sampler's epoch itself (Lightning does): keep it
+                loader.set_epoch(external)  # a framework set the sampler's epoch itself (Lightning does): keep it
             else:
                 loader.set_epoch(self.epoch + 1)
         self.started, self.epoch_set = True, False
@@ -111,6 +119,31 @@ class ResumeCursor:
         if current is not None and current.done and current.plan.epoch + 1 == self.epoch:
             return self._after(current)
         return Plan(self.epoch)
+
+    def moved_on(self, progress: Progress) -> int | None:
+        """At the first ``next()`` of an iteration a loaded state began: the epoch the training loop went on
+        to since (None: it goes on with the loaded one). Lightning restores a checkpoint taken at the last
+        batch of an epoch it cut short (``limit_train_batches``) by loading the state, calling ``iter()``, then
+        setting the sampler's epoch to the next one; a loop of one's own calls ``set_epoch``."""
+        if progress is not self.current or progress.batches or progress.plan.loaded is None:
+            return None
+        epoch = progress.plan.epoch
+        external = sampler_epoch(self.loader)
+        if external is not None and external != self.sampler_epoch_at_iter and external != epoch:
+            return external
+        return self.epoch if self.epoch != epoch else None
+
+    def end_loaded(self, progress: Progress, epoch: int) -> None:
+        """The training loop ended the loaded iteration where the state was taken and is in ``epoch`` now:
+        the next ``iter()`` starts it as an uninterrupted run would have after that point (the next epoch's
+        seeds follow from the loaded one's draws). The iteration's producer has stopped."""
+        loader = self.loader
+        if not progress.drawn and progress.indexing.indexer is None and not progress.indexing.iterable:
+            # The epoch's order was not drawn yet (the producer had not asked for indices): draw it as the
+            # interrupted run did (torch's RandomSampler's seed or permutation), so the next epoch's follows.
+            next(progress.batches_of(index_sampler(loader)), None)
+        progress.done = True
+        self.epoch, self.epoch_set = epoch, True
 
     def reuses_workers(self, plan: Plan) -> bool:
         """Whether the iteration runs on the persistent workers already running (they keep their state)."""

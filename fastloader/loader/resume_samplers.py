@@ -263,7 +263,7 @@ def _replay(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> 
             " from torch's global RNG when the epoch begins, and nothing records that draw): use shuffle=True on"
             " the loader, pass generator= to the sampler, or seed="
         )
-    if isinstance(sampler, tud.DistributedSampler):
+    if isinstance(sampler, (tud.DistributedSampler, TorchRandomSampler)):
         sampler.set_epoch(values["epoch"])
     size = sampler_size(sampler, world)
     position = min(position, size) if size is not None else position

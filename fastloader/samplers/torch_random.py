@@ -10,6 +10,8 @@ for the same ``torch.manual_seed`` or ``generator``), and additionally
 * can be told the seed of its next epoch (``pin_next_seed``). It still draws (and drops) torch's
   number then, so the global RNG is left exactly where torch's sampler leaves it: a resumed script
   that seeds as the interrupted one did goes on with the same numbers.
+* has ``set_epoch`` / ``epoch``, the epoch its training loop is in. The order does not depend on it; it is
+  how a framework that sets the sampler's epoch (Lightning does) tells the loader which epoch it is in.
 
 With a ``generator`` it is torch's sampler unchanged: the generator's state at the start of an epoch
 decides the order, and ``DataLoaderX`` saves and restores that state itself.
@@ -27,7 +29,12 @@ class TorchRandomSampler(RandomSampler):
     """``torch.utils.data.RandomSampler`` (same arguments, same orders) that a loader can resume."""
 
     epoch_seed: int | None = None  # the seed drawn for the current epoch (generator=None only)
+    epoch: int = 0  # the training loop's epoch, as set_epoch was told (the order does not depend on it)
     _pinned_seed: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the epoch the training loop is in (the loader follows it); the order stays torch's."""
+        self.epoch = int(epoch)
 
     def pin_next_seed(self, seed: int) -> None:
         """Use ``seed`` for the next epoch instead of the one drawn from torch's global RNG."""

@@ -36,7 +36,12 @@ class Items(Dataset[tuple[torch.Tensor, int]]):
 
 
 def make_loader(
-    kind: str, split: str | None = None, dataset: Dataset[Any] | None = None, **extra: Any
+    kind: str,
+    split: str | None = None,
+    dataset: Dataset[Any] | None = None,
+    batch_size: int = BATCH,
+    num_workers: int = 1,
+    **extra: Any,
 ) -> DataLoader[Any]:
     """torch's DataLoader ("torch") or DataLoaderX ("fastloader") with the same arguments.
 
@@ -46,12 +51,14 @@ def make_loader(
     """
     cls = DataLoaderX if kind == "fastloader" else DataLoader
     dataset = dataset if dataset is not None else Items()
-    extra.setdefault("multiprocessing_context", DDP_WORKER_CONTEXT)
+    if num_workers > 0:
+        extra.setdefault("multiprocessing_context", DDP_WORKER_CONTEXT)
     if split == "sampler" or (split == "local_rank" and kind == "torch"):
-        return cls(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, shuffle=True), num_workers=1, **extra)
+        sampler = DistributedSampler(dataset, shuffle=True)
+        return cls(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, **extra)
     if split == "local_rank":
         extra["local_rank"] = int(os.environ["LOCAL_RANK"])
-    return cls(dataset, batch_size=BATCH, shuffle=True, num_workers=1, **extra)
+    return cls(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, **extra)
 
 
 def reset_accelerate() -> None:

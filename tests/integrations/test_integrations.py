@@ -28,10 +28,10 @@ def run(args: list[str]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 
-def torchrun(script: str, outdir: Path) -> None:
+def torchrun(script: str, outdir: Path, *args: str) -> None:
     # --standalone: torchrun binds its rendezvous port itself, where a free port picked here could be taken by
     # another job on the machine before torchrun binds it.
-    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, str(outdir)])
+    run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, str(outdir), *args])
 
 
 def per_epoch(outdir: Path, config: str, kind: str) -> dict[str, list[list[int]]]:
@@ -154,3 +154,36 @@ def test_lightning_mid_epoch_checkpoint_resumes_with_the_uninterrupted_batches(t
             # replay draws from torch's RNG what torch's sampler draws, so a script that seeds as the
             # interrupted one did goes on with the same numbers: every batch of both epochs is equal.
             assert resumed == full, path.stem
+
+
+def check_cut_epoch(outdir: Path, ranks: int) -> list[str]:
+    """After a checkpoint at the last batch of an epoch that ``limit_train_batches`` cut, the resumed run trains
+    on the uninterrupted run's samples, epoch by epoch, on every rank. The variants checked."""
+    names = sorted({path.stem.rsplit("_rank", 1)[0] for path in outdir.glob("*_rank0.json")})
+    for name in names:
+        for rank in range(ranks):
+            record = json.loads((outdir / f"{name}_rank{rank}.json").read_text())
+            full, first, rest = record["full"], record["first"], record["rest"]
+            assert sorted(full) == ["0", "1", "2"] and first["0"] == full["0"], name
+            kept = len(full["0"])
+            assert kept == len(full["1"]) and kept < LENGTH // ranks, name  # each epoch cut to half its batches
+            # nothing of the cut epoch's rest, nothing doubled or lost: the same samples in the same order
+            assert rest == {"1": full["1"], "2": full["2"]}, (name, rank)
+    return names
+
+
+@pytest.mark.timeout(300)
+def test_lightning_checkpoint_at_the_end_of_a_cut_epoch_resumes_into_the_next_epoch(tmp_path: Path) -> None:
+    run([str(HERE / "lightning_cut_epoch.py"), str(tmp_path), "first"])
+    run([str(HERE / "lightning_cut_epoch.py"), str(tmp_path), "rest"])  # a new process, as after a crash
+    names = check_cut_epoch(tmp_path, ranks=1)
+    # torch's loader (the control) for the order it resumes exactly, DataLoaderX for that and shuffle=True
+    assert len(names) == 14 and sum("_torch_" in name for name in names) == 2
+
+
+@pytest.mark.timeout(300)
+def test_lightning_ddp_checkpoint_at_the_end_of_a_cut_epoch_resumes_into_the_next_epoch(tmp_path: Path) -> None:
+    torchrun(str(HERE / "lightning_cut_epoch.py"), tmp_path, "first")
+    torchrun(str(HERE / "lightning_cut_epoch.py"), tmp_path, "rest")
+    names = check_cut_epoch(tmp_path, ranks=2)
+    assert len(names) == 6 and sum("_torch_" in name for name in names) == 3
