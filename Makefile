@@ -1,4 +1,6 @@
 # The two commands of the README. Both install what they need first (scripts/setup.sh).
+# The tests run on 2 processes (pytest-xdist), one test file each: most tests wait on child processes, and a
+# file's module fixtures (a Ray cluster, an S3 server, the torchrun runs) are then built once.
 .PHONY: demo test setup bench docs
 
 # The documentation site (docs/, Sphinx): warnings are errors (-W, all of them listed: --keep-going),
@@ -18,7 +20,7 @@ test: setup
 	.venv/bin/mypy
 	.venv/bin/lint-imports
 	$(SPHINX_BUILD)
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile
 
 docs: setup
 	$(SPHINX_BUILD)

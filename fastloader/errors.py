@@ -12,7 +12,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
 * object storage (``fastloader.remote``): :class:`RemoteError` (a request that failed for good),
   :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
   body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress);
-* the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination).
+* the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination);
+* GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device).
 
 No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
 """
@@ -45,6 +46,11 @@ class TooManyBadSamples(FastloaderError, RuntimeError):
 
 class DestinationLocked(FastloaderError, RuntimeError):
     """Another ``fastloader pack`` holds the destination's lock (the message names its pid, host and start)."""
+
+
+class JpegDecoderUnavailable(FastloaderError, RuntimeError):
+    """``decode_on="cuda"`` found no JPEG decoder that works here: torchcodec and torchvision each not
+    installed or failing a probe decode (the message says why for each)."""
 
 
 class UnsupportedJPEGError(FastloaderError, NotImplementedError):

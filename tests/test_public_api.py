@@ -74,6 +74,7 @@ ERRORS = (
     "DestinationLocked",
     "FastloaderError",
     "FormatError",
+    "JpegDecoderUnavailable",
     "MissingField",
     "ObjectChanged",
     "RemoteError",

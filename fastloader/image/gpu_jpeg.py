@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastloader.errors import JpegDecoderUnavailable
+
 ENV = "FASTLOADER_JPEG_DECODER"
 NAMES = ("torchcodec", "torchvision")
 _PROBE_SIZE = (8, 16)  # height, width: not square, so that a turned image shows
@@ -44,10 +46,6 @@ _NOT_A_BAD_IMAGE = re.compile(
     r"|(?:Failed to (?:get image info|initialize batch decoding|decode batch)|nvjpegDecode failed): 5\b",
     re.IGNORECASE,
 )
-
-
-class JpegDecoderUnavailable(RuntimeError):
-    """A JPEG decoder that is not installed, or does not work here (the message says why)."""
 
 
 @dataclass(frozen=True)

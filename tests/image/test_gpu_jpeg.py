@@ -246,7 +246,7 @@ def without(*modules: str) -> str:
         "warnings.simplefilter('ignore', DeprecationWarning)\n"
         "import torch\n"
         "from fastloader.image.gpu_decode import GpuDecoder\n"
-        "from fastloader.image.gpu_jpeg import JpegDecoderUnavailable\n"
+        "from fastloader.errors import JpegDecoderUnavailable\n"
         "try:\n"
         "    decoder = GpuDecoder(torch.device('cpu'))\n"
         "except JpegDecoderUnavailable as error:\n"
