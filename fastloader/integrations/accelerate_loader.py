@@ -22,7 +22,8 @@ training loop sees accelerate's semantics with fastloader's pipeline underneath:
   ``end_of_dataloader`` at the epoch's last batch. accelerate's own function cannot do it on this loader:
   it iterates the loader's ``batch_sampler`` through a plain torch DataLoader, past this loader (no
   prefetch, no copy, no ``end_of_dataloader``), so the batch sampler is handed out for reading, not
-  iterating, and iterating it raises, naming ``loader.skip_first_batches(n)``.
+  iterating, and iterating it raises, naming ``loader.skip_first_batches(n)`` (over an IterableDataset,
+  which accelerate reads through its ``SkipDataLoader``, the ``collate_fn`` handed out raises so).
 
 The order of an epoch can be rebuilt when it comes from a sampler's generator (``shuffle=True`` on
 several processes: accelerate gives the sampler one, or ``generator=``), from a seed (``seed=``,
@@ -107,6 +108,16 @@ class ReadByTheLoader(tud.BatchSampler):
         return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
+        raise ValueError(SKIP_REFUSED)
+
+
+class _RefusedElsewhere:
+    """A collate_fn handed out, not to be called: the loader itself calls its own (see ``collate_fn``)."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, batch: Any) -> Any:
         raise ValueError(SKIP_REFUSED)
 
 
@@ -278,6 +289,14 @@ class PreparedLoader(DataLoaderStateMixin):
     def sampler(self) -> Any:
         sampler = self._shard.sampler
         return ReadByTheLoader(sampler) if isinstance(sampler, tud.BatchSampler) else sampler
+
+    @property
+    def collate_fn(self) -> Any:
+        """The loader's collate_fn; for an IterableDataset one that refuses to run in another loader: what
+        rebuilds this one from its attributes (``accelerator.skip_first_batches``'s ``SkipDataLoader``) would
+        read the data past it, where no batch sampler of ours is iterated to refuse it."""
+        collate = self.base_dataloader.collate_fn
+        return _RefusedElsewhere(collate) if self._batches is None else collate
 
     @property
     def total_batch_size(self) -> int:

@@ -265,3 +265,13 @@ def test_the_trainer_mixin_resumes_a_prepared_loader_and_refuses_an_unprepared_o
     assert Mixed().get_resumed_dataloader(plain, 2) == ("the trainer's own", 2)
     with pytest.raises(ValueError, match="a DataLoaderX it did not prepare: the Trainer cannot resume it mid-epoch"):
         Mixed().get_resumed_dataloader(loader(), 2)
+
+
+def test_accelerates_skip_first_batches_of_an_iterable_dataset_is_refused(accelerator_of: Make) -> None:
+    """accelerate rebuilds the loader as its SkipDataLoader over the dataset: refused at its first batch,
+    naming the loader's own method, which does the same exactly."""
+    accelerator = accelerator_of()
+    prepared = prepare(accelerator, DataLoaderX(Counting(10), batch_size=4))
+    with pytest.raises(ValueError, match=r"Call loader\.skip_first_batches\(n\) \(the loader's own method\)"):
+        next(iter(accelerator.skip_first_batches(prepared, 1)))
+    assert [batch.tolist() for batch in prepared.skip_first_batches(1)] == [[4, 5, 6, 7], [8, 9]]
