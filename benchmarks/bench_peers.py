@@ -182,6 +182,7 @@ def summarize(rows: list[Row], runs: dict[str, list[dict[str, Any]]]) -> dict[st
             "ours": row.ours,
             "runs": len(done),
             "failed": len(runs[row.name]) - len(done),
+            "errors": [result["error"] for result in runs[row.name] if "error" in result],  # why each failed
             "images_per_s": median_of(done, "images_per_s"),
             "images_per_cpu_s": median_of(done, "images_per_cpu_s"),
             "spread": [min(r["images_per_s"] for r in done), max(r["images_per_s"] for r in done)] if done else None,

@@ -29,7 +29,7 @@ def run_peers(tmp_path: Path, rows: list[str], env: dict[str, str]) -> dict[str,
 
 
 def check_row(row: dict[str, Any]) -> None:
-    assert row["runs"] == 1 and row["failed"] == 0
+    assert row["runs"] == 1 and row["failed"] == 0, row["errors"]
     assert row["images_per_s"] > 0 and row["images_per_cpu_s"] > 0 and row["first_batch_s"] > 0
     assert row["memory_mb"]["tree_pss_mb"] > 0
     assert row["batch"]["dtype"] == "torch.uint8" and row["batch"]["shape"][1:] == [3, 224, 224]
