@@ -138,6 +138,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         start, cpu = time.perf_counter(), tree_cpu_seconds()
         timed = [run_epoch(loader, args, time.perf_counter(), facts) for _ in range(args.epochs)]
         elapsed, cpu_s = time.perf_counter() - start, cpu_used(cpu)
+    if cpu_s <= 0:  # /proc counts CPU in clock ticks (10 ms): a run that short has no CPU figure
+        raise SystemExit(f"the timed epochs used {cpu_s:.3f} CPU seconds (under one clock tick): use more --images")
     return {
         "loader": args.loader,
         "pipeline": args.pipeline,
