@@ -194,12 +194,18 @@ def folder_with_a_corrupt_jpeg(tmp_path: Path) -> tuple[Path, int]:
     return root, bad
 
 
+def decoded_on_the_gpu(root: Path) -> ImageFolder:
+    """The folder as ``decode_on="cuda"`` reads it: resized and cropped to 32x32 by the GPU decoder."""
+    dataset = ImageFolder(root, transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
+    dataset.set_decode_device("cuda")
+    return dataset
+
+
 def test_a_corrupt_jpeg_raises_torchcodec_s_error_as_our_decode_error(
     folder_with_a_corrupt_jpeg: tuple[Path, int],
 ) -> None:
     root, bad = folder_with_a_corrupt_jpeg
-    dataset = ImageFolder(root, transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
-    dataset.set_decode_device("cuda")
+    dataset = decoded_on_the_gpu(root)
     decoder = GpuDecoder(CPU, dataset, collate, jpeg="torchcodec")
     with pytest.raises(DecodeError, match=dataset.source.key(bad)):
         decoder(collate(dataset.__getitems__(list(range(32)))))
@@ -210,8 +216,7 @@ def test_a_corrupt_jpeg_goes_through_the_error_policy_with_torchcodec(
     folder_with_a_corrupt_jpeg: tuple[Path, int],
 ) -> None:
     root, bad = folder_with_a_corrupt_jpeg
-    dataset = ImageFolder(root, transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
-    dataset.set_decode_device("cuda")
+    dataset = decoded_on_the_gpu(root)
     dataset.set_error_policy("skip", quarantine=root.parent / "bad.tsv")
     images, labels = GpuDecoder(CPU, dataset, collate, jpeg="torchcodec")(
         collate(dataset.__getitems__(list(range(32))))
