@@ -34,11 +34,13 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from fastloader.loader.rng_states import NUMPY_KEYS, RANDOM_WORDS, RngState
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers._epoch import check_nonnegative_int
 
@@ -88,12 +90,12 @@ def encode_workers(num_workers: int, next_worker: int, states: Mapping[int, Work
     return {"num_workers": num_workers, "next_worker": next_worker, "states": encoded}
 
 
-def _encode_worker_rng(rng: Any) -> dict[str, Any]:
-    torch_state, words, (keys, pos, has_gauss, cached) = rng
+def _encode_worker_rng(rng: RngState) -> dict[str, Any]:
     return {
-        "torch": encode_bytes(torch_state),
-        "random": encode_bytes(words),
-        "numpy": [encode_bytes(keys), pos, has_gauss, cached],
+        "torch": encode_bytes(rng.torch),
+        "random": encode_bytes(rng.random_words),
+        "gauss": rng.random_gauss,
+        "numpy": [encode_bytes(rng.numpy_keys), rng.numpy_pos, rng.numpy_has_gauss, rng.numpy_cached],
     }
 
 
@@ -121,15 +123,37 @@ def decode_workers(workers: object) -> tuple[int, int, dict[int, dict[str, Any]]
     return count, next_worker, states
 
 
-def _decode_worker_rng(rng: object, name: str) -> tuple[bytes, bytes, tuple[bytes, int, int, float]]:
-    if not isinstance(rng, Mapping) or set(rng) != {"torch", "random", "numpy"}:
-        raise ValueError(f"{name}['rng'] must have the keys torch, random and numpy")
-    keys, pos, has_gauss, cached = rng["numpy"]
-    return (
-        decode_bytes(rng["torch"], f"{name}['rng']['torch']"),
-        decode_bytes(rng["random"], f"{name}['rng']['random']"),
-        (decode_bytes(keys, f"{name}['rng']['numpy']"), int(pos), int(has_gauss), float(cached)),
+def _decode_worker_rng(rng: object, name: str) -> RngState:
+    """A worker's generators; a state saved before ``gauss`` was kept had no ``random.gauss()`` value cached."""
+    name = f"{name}['rng']"
+    if not isinstance(rng, Mapping) or not {"torch", "random", "numpy"} <= set(rng) <= _RNG_KEYS:
+        raise ValueError(f"{name} must have the keys torch, random, gauss and numpy")
+    numpy_state = rng["numpy"]
+    if not isinstance(numpy_state, list | tuple) or len(numpy_state) != 4:
+        raise ValueError(f"{name}['numpy'] must be [keys, pos, has_gauss, cached]")
+    keys, pos, has_gauss, cached = numpy_state
+    gauss = rng.get("gauss")
+    state = RngState(
+        torch=decode_bytes(rng["torch"], f"{name}['torch']"),
+        random_words=decode_bytes(rng["random"], f"{name}['random']"),
+        random_gauss=None if gauss is None else _number(gauss, f"{name}['gauss']"),
+        numpy_keys=decode_bytes(keys, f"{name}['numpy'][0]"),
+        numpy_pos=check_nonnegative_int(pos, f"{name}['numpy'][1]"),
+        numpy_has_gauss=check_nonnegative_int(has_gauss, f"{name}['numpy'][2]"),
+        numpy_cached=_number(cached, f"{name}['numpy'][3]"),
     )
+    if len(state.random_words) != 4 * RANDOM_WORDS or len(state.numpy_keys) != 4 * NUMPY_KEYS:
+        raise ValueError(f"{name} does not hold two Mersenne Twister states (random's and numpy's)")
+    return state
+
+
+_RNG_KEYS = frozenset({"torch", "random", "gauss", "numpy"})
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def check_state(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
+from fastloader.loader import rng_states
+from fastloader.loader.rng_states import RngState
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
 from fastloader.torch_internals import (
@@ -62,7 +64,7 @@ class Delivery:
     batches: int
     dataset: Any = None
     iterator: Any = None
-    rng: tuple[bytes, bytes, tuple[bytes, int, int, float]] | None = None
+    rng: RngState | None = None
     end: bool = False
 
     def worker_state(self) -> dict[str, Any]:
@@ -83,26 +85,6 @@ def stateful(obj: Any) -> bool:
     if isinstance(obj, torch.nn.Module):
         return False
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
-def rng_state() -> tuple[bytes, bytes, tuple[bytes, int, int, float]]:
-    """This process's torch, ``random`` and numpy generators, as bytes and numbers (nothing to unpickle)."""
-    version, words, gauss = random.getstate()
-    if version != 3 or gauss is not None:
-        raise ValueError(f"unexpected random.getstate() layout (version {version})")
-    _name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return (
-        torch.get_rng_state().numpy().tobytes(),
-        np.asarray(words, dtype=np.uint32).tobytes(),
-        (np.asarray(keys, dtype=np.uint32).tobytes(), int(pos), int(has_gauss), float(cached)),
-    )
-
-
-def set_rng_state(state: tuple[bytes, bytes, tuple[bytes, int, int, float]]) -> None:
-    torch_state, words, (keys, pos, has_gauss, cached) = state
-    torch.set_rng_state(torch.frombuffer(bytearray(torch_state), dtype=torch.uint8))
-    random.setstate((3, tuple(int(w) for w in np.frombuffer(words, dtype=np.uint32)), None))
-    np.random.set_state(("MT19937", np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
 
 
 IDLE = -1  # FetchMarks: the worker is making no batch
@@ -163,7 +145,7 @@ class StatefulFetcher:
         if self.iterable and not kept and self.batches > 0:
             self.skip = self.batches  # nothing says where the dataset was: make its batches again, unsent
         elif restore.get("rng") is not None and self.in_worker:
-            set_rng_state(restore["rng"])
+            rng_states.restore(restore["rng"])
 
     def fetch(self, index: Any) -> Any:
         if self.later is not None:
@@ -233,7 +215,7 @@ class StatefulFetcher:
             # Copied now: the dataset goes on changing what its state_dict returned before the batch is sent.
             dataset=copy.deepcopy(self.dataset.state_dict()) if own and stateful(self.dataset) else None,
             iterator=copy.deepcopy(iterator.state_dict()) if iterator is not None and stateful(iterator) else None,
-            rng=rng_state() if self.in_worker else None,
+            rng=rng_states.capture() if self.in_worker else None,
         )
 
     def __getattr__(self, name: str) -> Any:
