@@ -15,6 +15,7 @@ demo: setup
 
 test: setup
 	bash scripts/install_test_tools.sh
+	bash scripts/setup_streaming_env.sh
 	.venv/bin/ruff check fastloader tests benchmarks examples scripts docs/conf.py
 	.venv/bin/ruff format --check fastloader tests benchmarks examples scripts docs/conf.py
 	.venv/bin/mypy

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
+from fastloader.loader.dataset_protocols import foreign_state, library_resume
 from fastloader.loader.epoch_progress import Indexing, Plan, Progress
 from fastloader.loader.resume_samplers import (
     batch_unit,
@@ -164,6 +165,10 @@ class ResumeCursor:
                 seed = self._peek(fresh)[1]
             if seed is not None:
                 sampler.pin_next_seed(seed)
+        library = library_resume(self.loader.dataset)
+        if library is not None:  # before torch's iterator copies the dataset into its workers
+            loaded = plan.loaded.get("dataset") if plan.loaded is not None else None
+            library.start_epoch(plan.epoch, loaded, self.loader.batch_size or 1, int(self.loader.num_workers))
         progress = Progress(plan, rng, seed, Indexing.of(self.loader))
         self.pending, self.current = None, progress
         self.sampler_epoch_at_iter = sampler_epoch(self.loader)
@@ -216,6 +221,11 @@ class ResumeCursor:
             return  # torchdata's convention: an empty state changes nothing
         values = check_state(state)
         plan = Plan(**place(self.loader, values))
+        library = library_resume(self.loader.dataset) if _resumes_itself(self.loader, values) else None
+        if library is not None:
+            plan.workers = {}  # nothing fast-forwarded: the dataset starts where its own state says
+            if library.first_worker_anew:
+                plan.next_worker = 0
         plan.loaded = copy.deepcopy(dict(state))
         self.pending = plan
         self.epoch, self.epoch_set = plan.epoch, True
@@ -260,7 +270,13 @@ class ResumeCursor:
         after = sorted(ordinal - progress.prefix for ordinal in progress.received)
         seeds = (progress.rng, progress.seed, progress.base_seed)
         samples = progress.plan.samples_before + received
-        return self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after, samples)
+        library = library_resume(loader.dataset)
+        dataset_state = None
+        if library is not None:
+            dataset_state = library.state(samples, received, loader.batch_size or 1, int(loader.num_workers))
+        encoded = self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after, samples)
+        encoded["dataset"] = copy.deepcopy(dataset_state)
+        return encoded
 
     def _encode(
         self,
@@ -302,7 +318,37 @@ class ResumeCursor:
             "after": after or [],
             "sampler": copy.deepcopy(sampler_state),
             "workers": encoded,
+            "dataset": None,
         }
+
+
+def _resumes_itself(loader: DataLoaderX[Any], values: dict[str, Any]) -> bool:
+    """Whether the loaded position is the dataset's own to restore (a library's resume protocol); ValueError
+    where it cannot be restored at all: an IterableDataset mid-epoch whose ``state_dict`` no protocol fits."""
+    dataset = loader.dataset
+    library = library_resume(dataset)
+    received = values["batches_yielded"] > 0 or bool(values["after"])
+    if library is not None:
+        if received and values["dataset"] is None:
+            raise ValueError(
+                f"the state was taken {values['batches_yielded']} batches into epoch {values['epoch']} without the"
+                f" state of {type(dataset).__name__} ({library.library}'s resume protocol): it cannot resume there"
+            )
+        return True
+    if values["dataset"] is not None:
+        raise ValueError(
+            f"the state holds the state of a dataset with its library's resume protocol (litdata's or MosaicML"
+            f" streaming's StreamingDataset), and this loader's dataset is a {type(dataset).__name__}"
+        )
+    foreign = foreign_state(dataset)
+    if foreign is not None and received and isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"{type(dataset).__name__} has {foreign}, which is not torchdata's state_dict() and not a resume"
+            f" protocol DataLoaderX drives (torchdata's, litdata's, MosaicML streaming's): nothing says where it"
+            f" stopped {values['batches_yielded']} batches into epoch {values['epoch']}; resume it with the loader"
+            " its library provides, or at an epoch's start"
+        )
+    return False
 
 
 def _kept(state: WorkerState) -> bool:

@@ -9,7 +9,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data import IterableDataset
 
-from fastloader.loader.worker_state import stateful
+from fastloader.loader.dataset_protocols import stateful
 from fastloader.samplers import (
     DistributedSampler,
     RandomSampler,

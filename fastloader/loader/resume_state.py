@@ -1,12 +1,13 @@
 """The resume state of a DataLoaderX, as data: what ``state_dict()`` returns and ``load_state_dict()`` reads.
 
-Version 4 (versions 1 to 3, without ``batch_size`` and older ones without the keys after ``layout``, still
-load)::
+Version 5 (versions 1 to 4, without ``dataset``, ``batch_size`` and older ones without the keys after
+``layout``, still load)::
 
-    {"version": 4, "epoch": e, "samples_yielded": n, "batches_yielded": k, "batch_size": b, "seed": s,
+    {"version": 5, "epoch": e, "samples_yielded": n, "batches_yielded": k, "batch_size": b, "seed": s,
      "world_size": W, "rank": r, "start": g, "layout": L, "rng": "<base64>" or "",
      "base_seed": int or None, "after": [ordinals], "sampler": {...} or None,
-     "workers": {"num_workers": N, "next_worker": w, "states": {"0": {...}, ...}} or None}
+     "workers": {"num_workers": N, "next_worker": w, "states": {"0": {...}, ...}} or None,
+     "dataset": {...} or None}
 
 * ``batches_yielded``: batches this rank's training loop received since the iteration began, in the order
   of indices without a gap (with ``in_order=False`` the ones it received beyond that are ``after``, counted
@@ -25,6 +26,9 @@ load)::
 * ``workers``: each worker's state after its last batch the loop received (``fastloader.loader.worker_state``):
   its batch count, its dataset's and iterator's own states, its random generators (base64); ``next_worker``
   makes the next batch.
+* ``dataset``: the state of a dataset with a resume protocol of its library's (litdata's or MosaicML
+  streaming's ``StreamingDataset``, ``fastloader.loader.dataset_protocols``), taken in the training process as
+  that library's own loader takes it; None for every other dataset.
 
 Everything is JSON-serializable as long as the states that datasets and samplers return are.
 """
@@ -44,14 +48,15 @@ from fastloader.loader.rng_states import NUMPY_KEYS, RANDOM_WORDS, RngState
 from fastloader.loader.worker_state import WorkerState
 from fastloader.samplers._epoch import check_nonnegative_int
 
-VERSION = 4
+VERSION = 5
 _KEYS_V1 = frozenset(
     {"version", "epoch", "samples_yielded", "batches_yielded", "seed", "world_size", "rank", "start", "layout"}
 )
 _KEYS_V2 = _KEYS_V1 | {"rng"}
 _KEYS_V3 = _KEYS_V2 | {"base_seed", "after", "sampler", "workers"}
-KEYS = _KEYS_V3 | {"batch_size"}
-_EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V3, VERSION: KEYS}
+_KEYS_V4 = _KEYS_V3 | {"batch_size"}
+KEYS = _KEYS_V4 | {"dataset"}
+_EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V3, 4: _KEYS_V4, VERSION: KEYS}
 
 
 def encode_bytes(raw: bytes) -> str:
@@ -183,6 +188,7 @@ def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
     values["sampler"] = copy.deepcopy(dict(sampler)) if sampler is not None else None
     workers = state.get("workers")
     values["workers"] = None if workers is None else decode_workers(workers)
+    values["dataset"] = copy.deepcopy(state.get("dataset"))
     return values
 
 

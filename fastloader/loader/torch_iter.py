@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 
 from fastloader.loader.batch_slots import ring_dispatch
+from fastloader.loader.dataset_protocols import stateful
 from fastloader.loader.epoch_progress import EpochIndices, Progress
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
@@ -25,7 +26,6 @@ from fastloader.loader.worker_state import (
     WorkerPlan,
     WorkerStart,
     restore_dataset,
-    stateful,
 )
 from fastloader.torch_internals import (
     LoaderView,

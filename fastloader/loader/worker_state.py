@@ -4,7 +4,7 @@ What a worker's state is (a :class:`Delivery`, made right after each batch, wher
 
 * ``batches``: how many batches this worker has made this epoch;
 * ``dataset`` / ``iterator``: the dataset's own ``state_dict()`` and its iterator's, when they implement
-  the Stateful protocol (``state_dict`` and ``load_state_dict``), as torchdata's StatefulDataLoader saves them;
+  torchdata's Stateful protocol (``fastloader.loader.dataset_protocols``), as its StatefulDataLoader saves them;
 * ``rng``: the worker process's random generators (torch, ``random``, numpy), so a resumed worker goes on
   with the same random numbers (never in the main process: its generators are the training loop's).
 
@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader import rng_states
+from fastloader.loader.dataset_protocols import stateful
 from fastloader.loader.rng_states import RngState
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
@@ -77,14 +78,6 @@ class WorkerPlan:
 
     base_seed: int | None = None  # the interrupted run's; None: the seeds torch draws
     workers: Mapping[int, WorkerState] = dataclasses.field(default_factory=dict)  # what each worker restores
-
-
-def stateful(obj: Any) -> bool:
-    """The Stateful protocol (torchdata's): ``state_dict`` and ``load_state_dict``. A torch module's
-    ``state_dict`` is its weights, not a position: never sent with every batch."""
-    if isinstance(obj, torch.nn.Module):
-        return False
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 IDLE = -1  # FetchMarks: the worker is making no batch
