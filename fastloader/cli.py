@@ -26,7 +26,8 @@ sources (SRC, guessed unless --src-format is given):
   MXNet RecordIO (.idx beside it)              train.rec
   TFRecord files                               'train-*.tfrecord'
   WebDataset-style tar shards                  'train-{000000..000099}.tar'
-  Parquet files (Hugging Face image datasets)  'data/train-*.parquet', or their directory
+  Parquet files (Hugging Face image datasets)  'data/train-*.parquet', or their directory (images stored
+                                               by path: relative to the current directory, or --root)
   a fastloader LMDB (to re-encode it)          train.lmdb
 
 Resumable: killed at any moment (even SIGKILL), the same command run again continues where the
@@ -41,6 +42,10 @@ of another host only with --break-lock. DST may not be SRC, be inside it or hold
 On a Ray cluster: --engine ray [--ray-address auto|HOST:PORT] packs tar shards (default) or Parquet
 files, one Ray Data task per shard; every node must read SRC and write DST at the same paths (or s3://).
 """
+
+
+# One --root for every command that reads a source: the base of the relative paths it names.
+_ROOT_HELP = "base directory of relative paths: a file list's, or a Parquet file's images stored by path"
 
 
 def _positive(text: str) -> int:
@@ -190,7 +195,7 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     scan.add_argument("--report", metavar="FILE", help="where to list bad images (default: SRC.bad.tsv)")
     scan.add_argument("--workers", type=_non_negative, metavar="N", help="reader processes (default: usable cores)")
     scan.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read SRC")
-    scan.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    scan.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     scan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     scan.add_argument("--json", action="store_true", help="print the report as JSON")
     scan.set_defaults(run=_cmd_scan)
@@ -236,7 +241,7 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--workers", type=_non_negative, metavar="N", help="reader processes (default: the usable CPU cores)"
     )
     pack.add_argument("--src-format", choices=("auto", *SOURCE_KINDS), default="auto", help="how to read SRC")
-    pack.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    pack.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     pack.add_argument(
         "--shard-size", type=_positive, default=10000, metavar="N", help="images per tar shard or Parquet file"
     )
@@ -276,7 +281,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser, step_help: str) -> 
 
     parser.add_argument("path", metavar="PATH", help="the dataset (any SRC of `fastloader pack`)")
     parser.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read PATH")
-    parser.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
+    parser.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     parser.add_argument("--batch-size", type=_positive, default=64, metavar="N", help="images per batch (default 64)")
     parser.add_argument(
         "--pipeline",
@@ -365,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     fields.add_argument("src", metavar="SRC", help="a dataset: tar shards, TFRecord, Parquet, an LMDB, a list, ...")
     fields.add_argument("--items", type=_non_negative, default=2, metavar="N", help="items to show (default 2)")
     fields.add_argument("--src-format", default="auto", help="how to read SRC (default: guessed)")
-    fields.add_argument("--root", help="a file list's base directory for relative paths")
+    fields.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     fields.add_argument("--json", action="store_true", help="print the report as JSON")
     fields.set_defaults(run=_cmd_fields)
     return parser

@@ -12,6 +12,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
 * object storage (``fastloader.remote``): :class:`RemoteError` (a request that failed for good),
   :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
   body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress);
+* images a dataset names by path (a Hugging Face ``Image`` stored as ``{bytes: null, path}`` in Parquet):
+  :class:`ImagePathError`;
 * the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination);
 * GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device).
 
@@ -42,6 +44,11 @@ class DecodeError(FastloaderError, ValueError):
 
 class TooManyBadSamples(FastloaderError, RuntimeError):
     """More bad samples than a dataset's error policy allows (``max_errors``)."""
+
+
+class ImagePathError(FastloaderError, OSError):
+    """An image a row names by path cannot be read (missing, not a regular file, not readable, not a local
+    path): the message names the row (its file and position) and the path, as stored and as looked for."""
 
 
 class DestinationLocked(FastloaderError, RuntimeError):

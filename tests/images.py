@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,42 @@ def many_scans(copies: int) -> bytes:
         scans.append(data[start : min(ends + [end])])
     smallest = min(scans, key=len)
     return data[:end] + smallest * copies + b"\xff\xd9"
+
+
+def distinct_photo(index: int, width: int = 64, height: int = 48) -> bytes:
+    """A real JPEG of photographic content, ``width`` x ``height``, whose pixels differ for every ``index``
+    (a window moved across a larger photograph)."""
+    image = Image.open(io.BytesIO(photo(width * 2, height * 2, seed=index)))
+    left, top = (index * 7) % width, (index * 5) % height
+    out = io.BytesIO()
+    image.crop((left, top, left + width, top + height)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_hf_by_path(directory: Path, count: int = 12, classes: int = 3) -> list[tuple[str, int, bytes]]:
+    """A Hugging Face image dataset built from file paths, as its users build one: ``directory/images/NNNN.jpg``
+    and ``directory/train.parquet``, written by the real ``datasets``
+    (``Dataset.from_dict(...).cast_column("image", Image())``, then ``to_parquet``), which stores each image
+    as ``{bytes: null, path: "images/NNNN.jpg"}``: relative to ``directory``, the current directory it is
+    built from. Returns ``(path, label, bytes)`` per row."""
+    import datasets
+
+    (directory / "images").mkdir(parents=True)
+    items = []
+    for index in range(count):
+        relative = f"images/{index:04d}.jpg"
+        data = distinct_photo(index)
+        (directory / relative).write_bytes(data)
+        items.append((relative, index % classes, data))
+    names = [f"class_{label}" for label in range(classes)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)})
+    table = datasets.Dataset.from_dict(
+        {"image": [path for path, _, _ in items], "label": [label for _, label, _ in items]}, features=features
+    )
+    here = os.getcwd()
+    os.chdir(directory)  # the relative paths are taken from here, as a user's script run in `directory` does
+    try:
+        table.to_parquet("train.parquet")
+    finally:
+        os.chdir(here)
+    return items

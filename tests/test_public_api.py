@@ -74,6 +74,7 @@ ERRORS = (
     "DestinationLocked",
     "FastloaderError",
     "FormatError",
+    "ImagePathError",
     "JpegDecoderUnavailable",
     "MissingField",
     "ObjectChanged",
@@ -97,4 +98,5 @@ def test_the_errors_are_fastloader_errors_and_importable_from_one_place() -> Non
     assert all(issubclass(getattr(errors, name), errors.FastloaderError) for name in ERRORS)
     # Caught as the built-in a caller expects, without knowing fastloader.
     assert issubclass(errors.RemoteError, OSError) and issubclass(errors.CacheStuck, TimeoutError)
+    assert issubclass(errors.ImagePathError, OSError)
     assert issubclass(errors.MissingField, errors.FormatError) and issubclass(errors.FormatError, ValueError)

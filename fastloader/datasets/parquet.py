@@ -29,8 +29,10 @@ got that far, the row.
 Columns:
 
 * the image: ``image_column``, else the one our own packs name, else a Hugging Face ``Image``
-  feature (``struct<bytes: binary, path: string>``: its ``bytes``), else a binary column named
-  ``image``, ``jpg``, ``jpeg``, ``png``, ``webp`` or ``img``.
+  feature (``struct<bytes: binary, path: string>``: its ``bytes``, or where they are null the file
+  at its ``path``, read as ``datasets`` reads it: see ``fastloader.datasets.parquet_paths``; ``root=``
+  for a set moved elsewhere), else a binary column named ``image``, ``jpg``, ``jpeg``, ``png``,
+  ``webp`` or ``img``.
 * the label: ``label_column``, else an integer column named ``label``, ``labels``, ``cls`` or
   ``class``; without one (or for a null) ``label(i)`` is -1. Class names come from a Hugging Face
   ``ClassLabel`` or a pack's manifest.
@@ -59,6 +61,7 @@ import numpy as np
 from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.handles import OpenHandles, ProcessLocal
 from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value, file_layout
+from fastloader.datasets.parquet_paths import ImagePaths
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
 from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
@@ -201,9 +204,7 @@ class _OpenFiles:
             found = sum(map(len, arrays))
             if found != rows:
                 raise FormatError(f"{what}: {found} values where its footer counts {rows} rows")
-            array = pa.chunked_array(arrays)
-            if spec.how == "hf_image":
-                array = array.flatten()[array.type.get_field_index("bytes")]  # nulls of the struct kept
+            array = pa.chunked_array(arrays)  # a Hugging Face image stays a struct: its path reads a null's bytes
         except FormatError:
             raise
         except (OSError, ValueError, KeyError, pa.ArrowException) as error:  # a bad page or checksum, a file changed
@@ -231,6 +232,9 @@ class ParquetSource:
     page checksums of files that have them (``fastloader verify`` does). ``max_decode_bytes``: what
     reading one column of one row group may decode to; past it a read is a FormatError naming the file,
     row group and column (a few KB of Parquet can decode to gigabytes: see the module docstring).
+    ``root``: the directory a Hugging Face image's relative ``path`` is taken under, for rows that hold
+    no bytes (default: the current directory when read, as ``datasets`` does; see
+    ``fastloader.datasets.parquet_paths``).
     """
 
     def __init__(
@@ -243,11 +247,13 @@ class ParquetSource:
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
         verify_checksums: bool = False,
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         for name, number in (("cache_row_groups", cache_row_groups), ("max_decode_bytes", max_decode_bytes)):
             if not isinstance(number, int) or number < 1:
                 raise ValueError(f"{name} must be a positive integer, got {number!r}")
         import_pyarrow()
+        self.image_paths = ImagePaths(root)
         self.paths, pack_classes, pack_fields = _file_list(pattern)
         layouts: list[Layout] = []
         group_rows: list[int] = []
@@ -322,10 +328,18 @@ class ParquetSource:
     def read(self, index: int) -> bytes:
         file, group, row = self._locate(index)
         spec = self._layouts[file].image
-        data = self._cell(file, group, row, spec, lambda: self._name(index))
-        if data is NULL:
+        data = self._image_bytes(self._cell(file, group, row, spec, lambda: self._name(index)), spec, index)
+        if data is None:
             raise FormatError(f"{self._name(index)}: no image (null in column {spec.column!r})")
-        return bytes(data)
+        return data
+
+    def _image_bytes(self, value: Any, spec: Column, index: int) -> bytes | None:
+        """The bytes of an image cell (None for a null): a Hugging Face image's own, else its file's."""
+        if value is NULL:
+            return None
+        if spec.how == "hf_image":
+            return self.image_paths.read(value, lambda: f"{self._name(index)}: column {spec.column!r}")
+        return bytes(value)
 
     def label(self, index: int) -> int:
         file, group, row = self._locate(index)
@@ -379,6 +393,9 @@ class ParquetSource:
         if spec is None:
             raise KeyError(f"no field {name!r} in these Parquet files (fields: {sorted(self._kinds)})")
         value = self._cell(file, group, row, spec, lambda: f"{self._name(index)}: field {name!r}")
+        if spec.how == "hf_image":  # a second Hugging Face image: by path too
+            value = self._image_bytes(value, spec, index)
+            value = NULL if value is None else value
         if value is NULL:
             raise MissingField(f"{self.key(index)}: no field {name!r} (null in column {spec.column!r})")
         return value
@@ -423,6 +440,7 @@ class ParquetDataset(ImageDataset[Any]):
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         source = ParquetSource(
             pattern,
@@ -431,5 +449,6 @@ class ParquetDataset(ImageDataset[Any]):
             key_column=key_column,
             cache_row_groups=cache_row_groups,
             max_decode_bytes=max_decode_bytes,
+            root=root,
         )
         super().__init__(source, transform, target_transform, decode, fields=fields)

@@ -32,7 +32,7 @@ NULL: Any = object()  # a null cell (JSON's null is a value: None)
 class Column:
     """How one field (or the image, label or key) is read from its top-level column.
 
-    ``how``: ``binary``, ``hf_image`` (the ``bytes`` of a struct), ``text``, ``int``, ``float``,
+    ``how``: ``binary``, ``hf_image`` (the struct ``{bytes, path}``, as a dict), ``text``, ``int``, ``float``,
     ``list`` (a numpy array of ``dtype``), ``npy`` (binary ``.npy``), ``json_text`` (JSON in a
     string), ``json`` (a nested Arrow value) or ``str`` (``str`` of a scalar: dates, decimals).
     """
@@ -288,7 +288,7 @@ def cell_value(spec: Column, array: Any, row: int, where: Callable[[], str]) -> 
 
 def _convert(spec: Column, scalar: Any, where: Callable[[], str]) -> Any:
     how = spec.how
-    if how in ("binary", "hf_image", "text"):
+    if how in ("binary", "hf_image", "text"):  # hf_image: {"bytes": ..., "path": ...} (a struct may lack "path")
         return scalar.as_py()
     if how == "json":
         return scalar.as_py(maps_as_pydicts="strict")

@@ -60,11 +60,17 @@ SOURCE_KINDS = tuple(_SOURCE_CLASSES)
 
 
 def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
-    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`)."""
+    """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`). ``root``: the base of
+    relative paths, a file list's or those of the images a Parquet file names by path."""
     kind = detect_source_kind(src) if kind == "auto" else kind
     if kind not in _SOURCE_CLASSES:
         raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     module, name = _SOURCE_CLASSES[kind]
     source_class = getattr(importlib.import_module(module), name)
-    source: Source = source_class(src, root) if kind == "list" else source_class(src)
+    if kind == "list":
+        source: Source = source_class(src, root)
+    elif kind == "parquet":
+        source = source_class(src, root=root)
+    else:
+        source = source_class(src)
     return source, kind

@@ -68,8 +68,9 @@ def pack(
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path (default:
     guessed, see ``fastloader.datasets.sources.detect_source_kind()``); ``root``: the base of a file list's
-    relative paths. ``commit_every`` / ``map_size``: LMDB images per transaction / initial map
-    size (it grows by itself). A progress bar goes to stderr when ``progress``.
+    relative paths, or of those of the images a Parquet file names by path. ``commit_every`` / ``map_size``:
+    LMDB images per transaction / initial map size (it grows by itself). A progress bar goes to stderr when
+    ``progress``.
 
     ``engine="ray"`` packs on a Ray cluster (``ray_address``: ``auto``, ``HOST:PORT``, or None for
     ``RAY_ADDRESS`` or a new local Ray) into tar shards (default) or Parquet files: see
