@@ -187,7 +187,11 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         description="Decode every image of SRC (any source `pack` reads) and list those that fail, by reason.",
     )
     scan.add_argument("src", metavar="SRC", help="what to read (as for `fastloader pack`)")
-    scan.add_argument("--report", metavar="FILE", help="where to list bad images (default: SRC.bad.tsv)")
+    scan.add_argument(
+        "--report",
+        metavar="FILE",
+        help="where to list bad images (default: in the cache dir, never beside SRC)",
+    )
     scan.add_argument("--workers", type=_non_negative, metavar="N", help="reader processes (default: usable cores)")
     scan.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read SRC")
     scan.add_argument("--root", metavar="DIR", help="base directory of a file list's relative paths")
