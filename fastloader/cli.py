@@ -384,7 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("fastloader pack: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     except (OSError, ValueError, RuntimeError) as error:  # FormatError is a ValueError
-        print(f"fastloader {args.command}: error: {error}", file=sys.stderr)
+        from fastloader.errors import printable
+
+        print(f"fastloader {args.command}: error: {printable(str(error))}", file=sys.stderr)  # names from data
         return 1
 
 

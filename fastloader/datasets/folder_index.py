@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastloader.datasets.index_bounds import check_bounds
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, pack_strings, read_index, require_array, string_at, write_index
 from fastloader.storage import file_lock, sidecar_path
 
@@ -179,7 +179,7 @@ def _read_or_none(index_path: str, kind: str) -> IndexFile | None:
     except FileNotFoundError:
         return None
     except FormatError as error:
-        log.info("rebuilding an unusable index: %s", error)
+        log.info("rebuilding an unusable index: %s", printable(str(error)))
         return None
     try:
         check_bounds(index, IndexMeta.of(index).source, kind == FOLDER_KIND)
@@ -282,7 +282,8 @@ def scan_folder(
             root,
             len(odd),
             "entry that is" if len(odd) == 1 else "entries that are",
-            ", ".join(odd[:_NOT_REGULAR_EXAMPLES]) + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
+            ", ".join(map(printable, odd[:_NOT_REGULAR_EXAMPLES]))
+            + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
         )
     meta = IndexMeta(
         os.path.realpath(root),
