@@ -102,7 +102,7 @@ def printable(text: str) -> str:
     """``text`` as it may be printed or logged when it comes from data (a file name, a tar member, a
     key): the file-name bytes that are not UTF-8 (the lone surrogates ``surrogateescape`` makes of them)
     written as ``\\xNN`` escapes, other lone surrogates as ``\\uNNNN``, and every control character
-    (:data:`CONTROL_CHARACTERS`) as ``\\t``, ``\\n``, ``\\r``, ``\\xNN`` or ``\\uNNNN``: one line, shown
+    (``CONTROL_CHARACTERS``) as ``\\t``, ``\\n``, ``\\r``, ``\\xNN`` or ``\\uNNNN``: one line, shown
     as written, that no terminal acts on. The one function for every name fastloader prints or logs."""
     try:
         text.encode("utf-8")
