@@ -192,7 +192,11 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         description="Decode every image of SRC (any source `pack` reads) and list those that fail, by reason.",
     )
     scan.add_argument("src", metavar="SRC", help="what to read (as for `fastloader pack`)")
-    scan.add_argument("--report", metavar="FILE", help="where to list bad images (default: SRC.bad.tsv)")
+    scan.add_argument(
+        "--report",
+        metavar="FILE",
+        help="where to list bad images (default: in the cache dir, never beside SRC)",
+    )
     scan.add_argument("--workers", type=_non_negative, metavar="N", help="reader processes (default: usable cores)")
     scan.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read SRC")
     scan.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
@@ -385,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("fastloader pack: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     except (OSError, ValueError, RuntimeError) as error:  # FormatError is a ValueError
-        print(f"fastloader {args.command}: error: {error}", file=sys.stderr)
+        from fastloader.errors import printable
+
+        print(f"fastloader {args.command}: error: {printable(str(error))}", file=sys.stderr)  # names from data
         return 1
 
 

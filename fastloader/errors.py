@@ -91,18 +91,34 @@ def redact(text: str) -> str:
     return text
 
 
+# What a terminal or a log reader acts on rather than shows: C0 controls (ESC starts the sequences that
+# clear a screen or, by OSC 52, write the clipboard; BEL ends them; a newline forges a log line), DEL,
+# C1 controls (U+009B is a one-character CSI), the Unicode line and paragraph separators, and the
+# bidirectional overrides and isolates (they reorder what a reader sees).
+CONTROL_CHARACTERS = "\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
 def printable(text: str) -> str:
-    """``text`` with the file-name bytes that are not UTF-8 (the lone surrogates ``surrogateescape`` makes
-    of them) written as ``\\xNN`` escapes, other lone surrogates as ``\\uNNNN``: a line any UTF-8 log
-    or terminal can hold."""
+    """``text`` as it may be printed or logged when it comes from data (a file name, a tar member, a
+    key): the file-name bytes that are not UTF-8 (the lone surrogates ``surrogateescape`` makes of them)
+    written as ``\\xNN`` escapes, other lone surrogates as ``\\uNNNN``, and every control character
+    (``CONTROL_CHARACTERS``) as ``\\t``, ``\\n``, ``\\r``, ``\\xNN`` or ``\\uNNNN``: one line, shown
+    as written, that no terminal acts on. The one function for every name fastloader prints or logs."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         try:
-            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # a surrogate surrogateescape does not make
-            return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(_escaped, text)
 
 
 class RemoteError(FastloaderError, OSError):

@@ -3,7 +3,9 @@
 Every file fastloader writes is written to a temporary name in the same directory and renamed
 into place: a reader (another rank, a resumed run) sees the old file or the complete new one,
 never a partial one, even if the writer is killed or the disk fills up. Reports written where a
-user names them follow what a shell redirect does to that path (:func:`write_report_bytes`).
+user names them follow what a shell redirect does to that path (:func:`write_report_bytes`); a
+report at a location fastloader chose (:func:`default_report_path`, in the user's cache) is never
+written through a symbolic link (:func:`write_derived_bytes`): data from strangers may ship one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ def sidecar_path(data_path: str | os.PathLike[str], suffix: str) -> Path:
     # copy and could not be rebuilt there, so derived files go to the user's cache instead.
     digest = hashlib.sha1(str(data_path).encode()).hexdigest()[:16]
     return cache_dir() / f"{data_path.name}-{digest}{suffix}"
+
+
+def default_report_path(source: str | os.PathLike[str], suffix: str) -> Path:
+    """Where a report derived from ``source`` goes when the user named none: in :func:`cache_dir`,
+    never beside or inside the source. A dataset from a stranger is a directory they chose the
+    contents of: a file written there by default could be a link they planted (to a user's
+    ``.bashrc``), or could be read back later as if it were the data's own."""
+    text = os.fspath(source)
+    real = text if "://" in text else os.path.realpath(text)  # a remote address is its own identity
+    name = os.path.basename(real.rstrip("/")) or "source"
+    digest = hashlib.sha1(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return cache_dir() / "reports" / f"{name}-{digest}{suffix}"
 
 
 class AtomicFile:
@@ -177,6 +191,19 @@ def write_report_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with os.fdopen(fd, "wb") as file:
         os.set_blocking(fd, True)  # a reader is there: write at its pace, as a shell redirect does
         file.write(data)
+
+
+def write_derived_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` at a location fastloader chose (not the user): an existing symbolic link there is
+    refused, naming it, never followed. The bytes go to a temporary file made with exclusive create
+    (``mkstemp``: ``O_CREAT | O_EXCL``, which never opens through a link) and renamed into place; a
+    rename replaces whatever sits at ``path`` (a link planted after the check included) by the new
+    file, never a link's target."""
+    if os.path.islink(path):
+        raise FileExistsError(
+            errno.EEXIST, "a symbolic link where fastloader writes a report by default: not followed", os.fspath(path)
+        )
+    atomic_write_bytes(path, data)
 
 
 def _file_kind(mode: int) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastloader.cli import main
-from fastloader.storage import write_report_bytes
+from fastloader.storage import atomic_write_bytes, write_derived_bytes, write_report_bytes
 from tests.images import write_image_folder
 
 
@@ -154,3 +154,17 @@ def test_doctor_report_to_a_device_leaves_the_device(tmp_path: Path) -> None:
     args = ["doctor", str(tmp_path / "clean"), "--workers", "0", "--batches", "1", "--batch-size", "2", "--no-storage"]
     assert main([*args, "--report", str(node)]) == 0
     assert stat.S_ISCHR(node.lstat().st_mode) and node.lstat().st_rdev == os.makedev(1, 3)
+
+
+def test_a_default_location_never_writes_through_a_link(tmp_path: Path) -> None:
+    """A link a dataset planted where fastloader writes by default: refused by the report writer; and the
+    rename every derived file is written with replaces a link itself, never its target."""
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    link = tmp_path / "report.tsv"
+    link.symlink_to(victim)
+    with pytest.raises(FileExistsError, match=r"symbolic link.*report\.tsv"):
+        write_derived_bytes(link, b"report")
+    assert link.is_symlink() and victim.read_text() == "kept"
+    atomic_write_bytes(link, b"index")  # an index's write: the link is replaced by the new file
+    assert not link.is_symlink() and link.read_bytes() == b"index" and victim.read_text() == "kept"

@@ -15,6 +15,9 @@ When it is rebuilt (under :func:`~fastloader.storage.file_lock`, so concurrent r
 the others reuse the result):
 
 * it is missing, unreadable, of another format version, or built for another root or list file;
+* it names a path outside its root (an absolute key or a ``..`` component), or does not watch its
+  root or list file (:mod:`~fastloader.datasets.index_bounds`): a dataset from a stranger may ship
+  its own index, and such an index would read files elsewhere on the machine, or never go stale;
 * the settings that decide its content differ (the extensions, or the ``is_valid_file`` filter);
 * a *watched path* changed: every directory of the tree (the root, each class directory and each
   sub-directory, with its ``mtime_ns``), or the list file. Adding, removing or renaming a file
@@ -46,7 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastloader.errors import FormatError
+from fastloader.datasets.index_bounds import check_bounds
+from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, pack_strings, read_index, require_array, string_at, write_index
 from fastloader.storage import file_lock, sidecar_path
 
@@ -175,7 +179,13 @@ def _read_or_none(index_path: str, kind: str) -> IndexFile | None:
     except FileNotFoundError:
         return None
     except FormatError as error:
-        log.info("rebuilding an unusable index: %s", error)
+        log.info("rebuilding an unusable index: %s", printable(str(error)))
+        return None
+    try:
+        check_bounds(index, IndexMeta.of(index).source, kind == FOLDER_KIND)
+    except FormatError as error:
+        # Not wear and tear: an index that reads outside its root was written to (or shipped with the data).
+        log.warning("rebuilding an index that names files outside its root: %s", error)
         return None
     return index
 
@@ -272,7 +282,8 @@ def scan_folder(
             root,
             len(odd),
             "entry that is" if len(odd) == 1 else "entries that are",
-            ", ".join(odd[:_NOT_REGULAR_EXAMPLES]) + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
+            ", ".join(map(printable, odd[:_NOT_REGULAR_EXAMPLES]))
+            + (", ..." if len(odd) > _NOT_REGULAR_EXAMPLES else ""),
         )
     meta = IndexMeta(
         os.path.realpath(root),

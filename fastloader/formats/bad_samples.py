@@ -8,9 +8,10 @@ Text, UTF-8 (undecodable bytes of file names kept by ``surrogateescape``), one s
 after an optional header line (``position	key	reason``). Inside a key or a reason a backslash, tab, newline
 or carriage return is written as ``\\\\``, ``\\t``, ``\\n`` or ``\\r``, and every other character that
 ``str.splitlines`` ends a line at (``\\x0b``, ``\\x0c``, ``\\x1c`` .. ``\\x1e``, ``\\x85``, ``\\u2028``,
-``\\u2029``) as its ``\\x``/``\\u`` escape: every sample is exactly one line whatever its name, for this
-reader (which ends lines at ``\\n`` only) and for any line reader a user's script may use. Lists written
-before the last escapes existed read the same.
+``\\u2029``) and every other control character (ESC, BEL, DEL, C1, the bidirectional overrides) as its
+``\\x``/``\\u`` escape: every sample is exactly one line whatever its name, for this reader (which ends
+lines at ``\\n`` only) and for any line reader a user's script may use, and a terminal showing the list
+runs no escape sequence a name holds. Lists written before the last escapes existed read the same.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ HEADER = "position\tkey\treason"
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _ESCAPES.update({char: f"\\x{ord(char):02x}" for char in "\x0b\x0c\x1c\x1d\x1e\x85"})
 _ESCAPES.update({char: f"\\u{ord(char):04x}" for char in "\u2028\u2029"})
+# And every other control a terminal acts on (ESC, BEL, C1, the bidirectional overrides): `cat bad.tsv`
+# must show a name a dataset chose, never run it as an escape sequence (fastloader.errors.printable).
+_ESCAPES.update(
+    {chr(code): f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if chr(code) not in _ESCAPES}
+)
+_ESCAPES.update({char: f"\\u{ord(char):04x}" for char in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"})
 _NEEDS_ESCAPE = re.compile("[" + re.escape("".join(_ESCAPES)) + "]")
 _UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
 _ESCAPED = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|.?)", re.DOTALL)

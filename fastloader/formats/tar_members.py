@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 
 _BLOCK = 512
 _MAX_HEADER_PAYLOAD = 1 << 20  # pax records and GNU long names hold names, never image data
@@ -95,7 +95,7 @@ def walk_members(fd: int, shard: str) -> Iterator[Member]:
     while True:
         if offset >= file_size:
             # Readers accept this, but a copy cut exactly between two members looks the same.
-            warnings.warn(f"{shard}: no end-of-archive marker; the file may be truncated", stacklevel=2)
+            warnings.warn(printable(f"{shard}: no end-of-archive marker; the file may be truncated"), stacklevel=2)
             break
         block = os.pread(fd, _BLOCK, offset)
         if offset == 0 and block[:2] == b"\x1f\x8b":

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
 from fastloader.formats.tar_content import Expected, check_expected, fd_sha256, file_sha256
 from fastloader.formats.tar_index_check import check_shard_index
@@ -197,8 +197,11 @@ def build_shard_index(
     }
     write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, arrays)
     if rows.ignored_count:
+        # Member names are the shard's to choose: escaped, or an ESC in one would drive the terminal.
         warnings.warn(
-            f"{shard}: ignored {rows.ignored_count} unsafe or non-regular member(s), e.g. {', '.join(rows.ignored)}",
+            printable(
+                f"{shard}: ignored {rows.ignored_count} unsafe or non-regular member(s), e.g. {', '.join(rows.ignored)}"
+            ),
             stacklevel=2,
         )
     return read_index(index_path, INDEX_KIND, INDEX_VERSION)
@@ -254,7 +257,7 @@ def _try_read(
     try:
         check_shard_index(index)
     except FormatError as error:
-        warnings.warn(f"rebuilding a shard index whose values do not hold: {error}", stacklevel=2)
+        warnings.warn(printable(f"rebuilding a shard index whose values do not hold: {error}"), stacklevel=2)
         return None
     return index
 

@@ -6,6 +6,10 @@ tar shards, fastloader LMDB) with the same reader processes and the same checks 
 (every image decoded once: JPEGs at 1/8 scale, which still parses the whole entropy-coded
 stream), and writes the items that fail as ``position<TAB>key<TAB>reason`` lines (the format of
 ``pack``'s skipped list), with a summary by reason.
+
+The list goes where ``report`` says, else to the user's cache
+(:func:`~fastloader.storage.default_report_path`): never into the dataset's directory, which a
+stranger may have shipped with a symbolic link waiting at ``SRC.bad.tsv``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fastloader.datasets.sources import open_source
+from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
 from fastloader.pack.readers import ReencodeOptions, prepared, reader_pool
 from fastloader.pack.summary import write_report
+from fastloader.storage import default_report_path, write_derived_bytes
 from fastloader.world import usable_cpus
 
 
@@ -41,7 +47,7 @@ class ScanReport:
     def format_text(self) -> str:
         rate = self.total / self.seconds if self.seconds else 0.0
         lines = [f"scanned {self.total} images of {self.source} ({self.kind}) in {self.seconds:.1f}s, {rate:.0f}/s"]
-        lines.append(f"bad: {len(self.bad)}" + (f", listed in {self.report}" if self.report and self.bad else ""))
+        lines.append(f"bad: {len(self.bad)}" + (f", listed in {self.report}" if self.report else ""))
         lines += [f"  {count:>8}  {reason}" for reason, count in self.by_reason().most_common()]
         return "\n".join(lines)
 
@@ -55,7 +61,9 @@ def scan(
     src_format: str = "auto",
     root: str | None = None,
 ) -> ScanReport:
-    """Decode every item of ``src``; write the bad ones to ``report`` (default ``<SRC>.bad.tsv``)."""
+    """Decode every item of ``src``; write the bad ones to ``report``, a path the user names (a symbolic
+    link there is followed: the user's own), else to ``<cache>/reports/<name of SRC>-<digest>.bad.tsv``
+    (a symbolic link there is refused). ``ScanReport.report`` says where the list went."""
     from tqdm import tqdm
 
     src = os.fspath(src)
@@ -72,6 +80,10 @@ def scan(
             if item.data is None:
                 bad.append(BadSample(item.position, item.key, item.reason))
     seconds = time.perf_counter() - start
-    path = os.fspath(report) if report is not None else src.rstrip(os.sep) + ".bad.tsv"
-    write_report(path, bad)
+    if report is not None:
+        path = os.fspath(report)
+        write_report(path, bad)
+    else:
+        path = os.fspath(default_report_path(src, ".bad.tsv"))
+        write_derived_bytes(path, bad_samples.text_of(bad).encode("utf-8", "surrogateescape"))
     return ScanReport(src, kind, len(source), seconds, path, bad)

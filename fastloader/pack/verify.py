@@ -46,7 +46,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 from fastloader.formats import lmdb_records as records
 from fastloader.formats.field_values import decode_value
 from fastloader.formats.pack_state import PackState
@@ -73,7 +73,7 @@ class VerifyReport:
         if self.ok:
             return f"OK: {self.checked:,} records verified in {self.path} ({self.format})"
         lines = [f"FAILED: {len(self.problems):,} problems in {self.path} ({self.checked:,} records checked)"]
-        lines += [f"  {problem}" for problem in self.problems[:limit]]
+        lines += [f"  {printable(problem)}" for problem in self.problems[:limit]]  # problems name members
         if len(self.problems) > limit:
             lines.append(f"  ... and {len(self.problems) - limit:,} more")
         return "\n".join(lines)

@@ -313,3 +313,16 @@ def test_index_path_can_be_elsewhere(tmp_path: Path) -> None:
     write_tar(path, [("a.jpg", b"1")])
     index = load_shard_index(str(path), tmp_path / "elsewhere" / "e.idx")
     assert Path(index.path).is_file() and not (tmp_path / "e.tar.fl-idx").exists()
+
+
+def test_the_ignored_member_warning_holds_no_terminal_escape(tmp_path: Path) -> None:
+    """A member's name is the shard's to choose: OSC 52 (write the clipboard) and a screen clear in it are
+    shown escaped, never sent to the terminal as they are."""
+    path = tmp_path / "evil.tar"
+    name = "../\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2Jx.jpg"
+    write_tar(path, [(name, b"x"), ("good.jpg", encode())], tarfile.PAX_FORMAT)
+    with pytest.warns(UserWarning, match="ignored 1 unsafe") as caught:
+        build_shard_index(str(path), tmp_path / "evil.idx")
+    message = str(caught[0].message)
+    assert "\x1b" not in message and "\x07" not in message
+    assert r"../\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2Jx.jpg" in message  # the name as written, escaped
