@@ -41,6 +41,9 @@ class Plan:
     next_worker: int = 0  # the worker that gets the iteration's first request
     workers: Mapping[int, WorkerState] = dataclasses.field(default_factory=dict)  # what each worker restores
     loaded: dict[str, Any] | None = None  # the state as loaded: state_dict() gives it back until iter()
+    # torch's global RNG (or the cursor's stream of it, ResumeCursor.seed_stream) after this epoch's draws of
+    # the workers' base seed and TorchRandomSampler's seed: where the next epoch's draws begin. None: not drawn.
+    next_rng: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Progress:
         self.indexing = indexing
         self.rng, self.seed = rng, seed
         self.base_seed = plan.base_seed
+        self.next_rng = plan.next_rng
         self.batches = 0  # batches the loop received (or that raised) in this iteration
         self.done = False  # StopIteration reached (or the loop ended the iteration: ResumeCursor.end_loaded)
         self.drawn = False  # the index stream began: the sampler drew the epoch's order

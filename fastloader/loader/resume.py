@@ -76,6 +76,11 @@ class ResumeCursor:
         self.pending: Plan | None = None
         self.current: Progress | None = None
         self.workers_base_seed: int | None = None  # of the workers running now
+        # After a resume: torch's global RNG as the uninterrupted run's draws would have left it (the state's
+        # next_rng), from which the epochs after the loaded one draw their seeds in place of the global RNG,
+        # so they are the uninterrupted run's (the training loop's own draws in between aside). None: the
+        # global RNG itself decides, as in torch's loader.
+        self.seed_stream: torch.Generator | None = None
 
     def bind(self, loader: DataLoaderX[Any]) -> None:
         # A weak reference: a loader <-> cursor cycle would leave every loader (and its persistent workers'
@@ -158,18 +163,19 @@ class ResumeCursor:
         if plan.rng is not None and generator is not None:
             generator.set_state(plan.rng)
         rng = generator.get_state() if generator is not None else None
-        seed = plan.seed
+        if plan.next_rng is None:  # the epoch's draws are still to come: say what they will be
+            plan = self._with_draws(plan, fresh)
+        elif plan.loaded is not None:
+            self.seed_stream = torch.Generator()  # the uninterrupted run's draws go on from the loaded epoch's
+            self.seed_stream.set_state(plan.next_rng)
         sampler = self.loader.sampler
-        if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
-            if seed is None:
-                seed = self._peek(fresh)[1]
-            if seed is not None:
-                sampler.pin_next_seed(seed)
+        if isinstance(sampler, TorchRandomSampler) and sampler.generator is None and plan.seed is not None:
+            sampler.pin_next_seed(plan.seed)
         library = library_resume(self.loader.dataset)
         if library is not None:  # before torch's iterator copies the dataset into its workers
             loaded = plan.loaded.get("dataset") if plan.loaded is not None else None
             library.start_epoch(plan.epoch, loaded, self.loader.batch_size or 1, int(self.loader.num_workers))
-        progress = Progress(plan, rng, seed, Indexing.of(self.loader))
+        progress = Progress(plan, rng, plan.seed, Indexing.of(self.loader))
         self.pending, self.current = None, progress
         self.sampler_epoch_at_iter = sampler_epoch(self.loader)
         return progress
@@ -180,23 +186,38 @@ class ResumeCursor:
             self.workers_base_seed = progress.base_seed if progress.base_seed is not None else base_seed
         progress.base_seed = self.workers_base_seed
 
-    def _peek(self, fresh: bool) -> tuple[int | None, int | None]:
-        """What the next iteration will draw, without drawing it: the workers' base seed (when torch makes a
-        new iterator), then TorchRandomSampler's seed (torch's global generator, when it has none)."""
+    def _with_draws(self, plan: Plan, fresh: bool) -> Plan:
+        """``plan`` with the seeds its iteration draws from torch's global RNG (the workers' base seed when
+        torch makes a new iterator, then TorchRandomSampler's seed when it has no generator) and the RNG's
+        state after them. Without a seed stream nothing is drawn here: torch's own draws, made later from
+        the same state, give these very numbers. With one (after a resume) they are drawn from it, pinned."""
         loader = self.loader
         own = loader.generator
-        state = torch.get_rng_state()
-        own_state = own.get_state() if own is not None else None
-        try:
-            base = int(torch.empty((), dtype=torch.int64).random_(generator=own).item()) if fresh else None
-            sampler = loader.sampler
-            needs_seed = isinstance(sampler, TorchRandomSampler) and sampler.generator is None
-            seed = int(torch.empty((), dtype=torch.int64).random_().item()) if needs_seed else None
-        finally:
-            torch.set_rng_state(state)
-            if own is not None and own_state is not None:
-                own.set_state(own_state)
-        return base, seed
+        sampler = loader.sampler
+        needs_seed = isinstance(sampler, TorchRandomSampler) and sampler.generator is None
+        if not needs_seed and (own is not None or loader.num_workers == 0):
+            return plan  # no seed that matters comes from the global RNG: a seeded order, or no workers
+        stream = self.seed_stream
+        source = torch.Generator()
+        source.set_state(stream.get_state() if stream is not None else torch.get_rng_state())
+        base: int | None = None
+        if fresh and own is not None:  # torch draws the base seed from the loader's generator: peek at it
+            peek = torch.Generator()
+            peek.set_state(own.get_state())
+            base = _draw(peek)
+        elif fresh:
+            base = _draw(source)
+        seed = _draw(source) if needs_seed else None
+        if stream is not None:
+            stream.set_state(source.get_state())
+        elif own is None:
+            base = plan.base_seed  # torch draws it itself, from the same state
+        return dataclasses.replace(
+            plan,
+            seed=plan.seed if plan.seed is not None else seed,
+            base_seed=plan.base_seed if plan.base_seed is not None else base,
+            next_rng=source.get_state(),
+        )
 
     # --- state_dict / load_state_dict ---------------------------------------------------------------------
 
@@ -226,6 +247,7 @@ class ResumeCursor:
             plan.workers = {}  # nothing fast-forwarded: the dataset starts where its own state says
             if library.first_worker_anew:
                 plan.next_worker = 0
+        plan.next_rng = values["next_rng"]
         plan.loaded = copy.deepcopy(dict(state))
         self.pending = plan
         self.epoch, self.epoch_set = plan.epoch, True
@@ -241,16 +263,27 @@ class ResumeCursor:
 
     def _pinned(self, plan: Plan) -> Plan:
         generator = ordering_generator(self.loader)
-        base, seed = self._peek(fresh=not self.reuses_workers(plan))
+        pinned = self._with_draws(plan, fresh=not self.reuses_workers(plan))
         return dataclasses.replace(
-            plan,
+            pinned,
             rng=generator.get_state() if generator is not None else None,
-            seed=seed,
-            base_seed=base if base is not None else self.workers_base_seed,
+            base_seed=pinned.base_seed if pinned.base_seed is not None else self._next_base_seed(plan),
         )
 
+    def _next_base_seed(self, plan: Plan) -> int | None:
+        """The workers' base seed of the iteration ``plan`` starts: the one torch will draw for a new
+        iterator, else that of the workers running now."""
+        if self.reuses_workers(plan) or self.loader.generator is not None:
+            return self.workers_base_seed
+        peek = torch.Generator()
+        peek.set_state(torch.get_rng_state())
+        return _draw(peek)
+
     def _encode_plan(self, plan: Plan) -> dict[str, Any]:
-        return self._encode(plan, plan.rng, plan.seed, plan.base_seed, 0, plan.sampler, plan.workers, plan.next_worker)
+        seeds = (plan.rng, plan.seed, plan.base_seed)
+        encoded = self._encode(plan, *seeds, 0, plan.sampler, plan.workers, plan.next_worker)
+        encoded["next_rng"] = encode_rng(plan.next_rng)
+        return encoded
 
     def _encode_progress(self, progress: Progress) -> dict[str, Any]:
         loader = self.loader
@@ -276,6 +309,7 @@ class ResumeCursor:
             dataset_state = library.state(samples, received, loader.batch_size or 1, int(loader.num_workers))
         encoded = self._encode(progress.plan, *seeds, count, sampler_state, workers, next_worker, after, samples)
         encoded["dataset"] = copy.deepcopy(dataset_state)
+        encoded["next_rng"] = encode_rng(progress.next_rng)
         return encoded
 
     def _encode(
@@ -319,7 +353,13 @@ class ResumeCursor:
             "sampler": copy.deepcopy(sampler_state),
             "workers": encoded,
             "dataset": None,
+            "next_rng": "",
         }
+
+
+def _draw(generator: torch.Generator) -> int:
+    """One draw as torch's loader and RandomSampler make theirs (a 64-bit seed)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def _resumes_itself(loader: DataLoaderX[Any], values: dict[str, Any]) -> bool:

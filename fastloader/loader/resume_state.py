@@ -7,7 +7,7 @@ Version 5 (versions 1 to 4, without ``dataset``, ``batch_size`` and older ones w
      "world_size": W, "rank": r, "start": g, "layout": L, "rng": "<base64>" or "",
      "base_seed": int or None, "after": [ordinals], "sampler": {...} or None,
      "workers": {"num_workers": N, "next_worker": w, "states": {"0": {...}, ...}} or None,
-     "dataset": {...} or None}
+     "dataset": {...} or None, "next_rng": "<base64>" or ""}
 
 * ``batches_yielded``: batches this rank's training loop received since the iteration began, in the order
   of indices without a gap (with ``in_order=False`` the ones it received beyond that are ``after``, counted
@@ -26,6 +26,8 @@ Version 5 (versions 1 to 4, without ``dataset``, ``batch_size`` and older ones w
 * ``workers``: each worker's state after its last batch the loop received (``fastloader.loader.worker_state``):
   its batch count, its dataset's and iterator's own states, its random generators (base64); ``next_worker``
   makes the next batch.
+* ``next_rng``: torch's global generator as the epoch's draws (the workers' base seed, the seed torch's
+  RandomSampler draws) left it, for the draws of the epochs after it (``fastloader.loader.resume``).
 * ``dataset``: the state of a dataset with a resume protocol of its library's (litdata's or MosaicML
   streaming's ``StreamingDataset``, ``fastloader.loader.dataset_protocols``), taken in the training process as
   that library's own loader takes it; None for every other dataset.
@@ -55,7 +57,7 @@ _KEYS_V1 = frozenset(
 _KEYS_V2 = _KEYS_V1 | {"rng"}
 _KEYS_V3 = _KEYS_V2 | {"base_seed", "after", "sampler", "workers"}
 _KEYS_V4 = _KEYS_V3 | {"batch_size"}
-KEYS = _KEYS_V4 | {"dataset"}
+KEYS = _KEYS_V4 | {"dataset", "next_rng"}
 _EXPECTED = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V3, 4: _KEYS_V4, VERSION: KEYS}
 
 
@@ -76,10 +78,10 @@ def encode_rng(rng: torch.Tensor | None) -> str:
     return "" if rng is None else encode_bytes(rng.numpy().tobytes())
 
 
-def decode_rng(text: object) -> torch.Tensor | None:
+def decode_rng(text: object, name: str = "state['rng']") -> torch.Tensor | None:
     if text == "":
         return None
-    return torch.frombuffer(bytearray(decode_bytes(text, "state['rng']")), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(decode_bytes(text, name)), dtype=torch.uint8)
 
 
 def encode_workers(num_workers: int, next_worker: int, states: Mapping[int, WorkerState]) -> dict[str, Any]:
@@ -189,6 +191,7 @@ def check_state(state: Mapping[str, Any]) -> dict[str, Any]:
     workers = state.get("workers")
     values["workers"] = None if workers is None else decode_workers(workers)
     values["dataset"] = copy.deepcopy(state.get("dataset"))
+    values["next_rng"] = decode_rng(state.get("next_rng", ""), "state['next_rng']")
     return values
 
 
