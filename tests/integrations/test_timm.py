@@ -116,20 +116,30 @@ def test_fast_collate_mixup_matches_torch(folder: Path) -> None:
     assert_same(run(DataLoaderX, dataset, collate_fn=collate), expected)
 
 
+def recipe_loader_options(folder: Path, recipe: str) -> tuple[Dataset[Any], dict[str, Any]]:
+    """The train recipe's dataset and loader options: mixup in the loop's hands or in the workers' collate."""
+    if recipe == "randaugment":
+        return torchvision.datasets.ImageFolder(str(folder), transform=timm_data.create_transform(224, **RECIPE)), {}
+    transform = timm_data.create_transform(224, use_prefetcher=True, **{**RECIPE, "re_prob": 0.0})
+    dataset = torchvision.datasets.ImageFolder(str(folder), transform=transform)
+    return dataset, {"collate_fn": timm_data.FastCollateMixup(**MIXUP)}  # its numpy draws: the workers' generator
+
+
+@pytest.mark.parametrize("recipe", ["randaugment", "fast_collate_mixup"])
 @pytest.mark.parametrize("after", [1, 4])
-def test_train_recipe_resumes_mid_epoch_on_the_uninterrupted_batches(folder: Path, after: int) -> None:
-    dataset = torchvision.datasets.ImageFolder(str(folder), transform=timm_data.create_transform(224, **RECIPE))
-    full = run(DataLoaderX, dataset)
+def test_train_recipe_resumes_mid_epoch_on_the_uninterrupted_batches(folder: Path, recipe: str, after: int) -> None:
+    dataset, options = recipe_loader_options(folder, recipe)
+    full = run(DataLoaderX, dataset, **options)
     torch.manual_seed(0)
     np.random.seed(0)
-    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS)
+    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, **options)
     iterator = iter(loader)
     first = [next(iterator) for _ in range(after)]
     state = json.loads(json.dumps(loader.state_dict()))  # through a checkpoint file's JSON
     del iterator, loader  # the job dies here
     torch.manual_seed(0)  # the restarted script seeds as it did
     np.random.seed(0)
-    resumed = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS)
+    resumed = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, **options)
     resumed.load_state_dict(state)
     rest = [batch for _ in range(EPOCHS) for batch in resumed]  # the epoch's rest, then the next epoch
     assert_same(first + rest, full)
