@@ -14,6 +14,15 @@ from tests.helpers import DDP_WORKER_CONTEXT
 LENGTH = 101  # odd: torch's DistributedSampler pads it, accelerate's even_batches pads it
 BATCH = 8
 
+# The Lightning DDP runs of tests/integrations/lightning_ddp.py, each with torch's loader and DataLoaderX:
+# name -> (Trainer's use_distributed_sampler, make_loader's split)
+LIGHTNING_DDP_CONFIGS: dict[str, tuple[bool, str | None]] = {
+    "lightning_sampler": (True, None),  # Lightning inserts its DistributedSampler
+    "lightning_sampler_local_rank": (True, "local_rank"),  # DataLoaderX splits itself
+    "user_sampler": (False, "sampler"),  # torch's DistributedSampler passed by the user
+    "user_local_rank": (False, "local_rank"),
+}
+
 
 class Images(Dataset[tuple[torch.Tensor, int]]):
     """Item i is a 3x2x2 uint8 image of value i and its index: an image batch that says what it holds."""
