@@ -54,6 +54,10 @@ def _child(script: Path, cwd: Path, log: Path) -> int:
     import runpy
     import traceback
 
+    # `python tests/doc_examples.py` put tests/ first on sys.path, where tests/datasets would shadow Hugging
+    # Face's `datasets` for an example that imports it: a reader's `python example.py` has no tests/ there.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
     os.chdir(cwd)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
