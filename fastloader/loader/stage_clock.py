@@ -28,11 +28,14 @@ and DataLoaderX's producer thread, which unwraps them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+import torch
 from torch.utils.data import get_worker_info
 
 from fastloader.image.batch_ring import SlotRef, arrived, begin_fetch, pack
@@ -114,42 +117,69 @@ def _arrived(
 
 class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
-    (and the batch's place ``task`` in its iteration's order, for resume, and its batch ring ``slot``)."""
+    (and the batch's place ``task`` in its iteration's order, for resume, and its batch ring ``slot``).
+    ``rebuild`` turns it back into the type the batch sampler made (a tuple, a numpy array, a tensor): the
+    dataset sees exactly what it would see in torch's loader."""
 
     task: int | None = None
     slot: SlotRef | None = None
+    rebuild: Callable[[list[Any]], Any] | None = None
 
-    def __reduce__(self) -> tuple[Callable[..., list[Any]], tuple[Any, ...]]:
-        if self.slot is None:
-            return _fetch_begins, (list(self), self.task)
-        return _fetch_begins, (list(self), self.task, self.slot)
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _fetch_begins, (list(self), self.task, self.slot, self.rebuild)
 
 
-def stamped(indices: list[Any], task: int | None, slot: SlotRef | None = None) -> StampedIndices:
+def stamped(
+    indices: list[Any], task: int | None, slot: SlotRef | None = None, rebuild: Callable[[list[Any]], Any] | None = None
+) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task, out.slot = task, slot
+    out.task, out.slot, out.rebuild = task, slot, rebuild
     return out
 
 
-def _fetch_begins(indices: list[Any], task: int | None = None, slot: SlotRef | None = None) -> list[Any]:
+def _fetch_begins(
+    indices: list[Any],
+    task: int | None = None,
+    slot: SlotRef | None = None,
+    rebuild: Callable[[list[Any]], Any] | None = None,
+) -> Any:
     start = _TALLY
     start.fetch_start = perf_counter()
     start.task = task
     start.read = start.decode = start.transform = 0.0
     begin_fetch(slot)
-    return indices  # a plain list: the dataset sees exactly what torch's sampler made
+    # What torch's sampler made: a plain list, or the batch sampler's own tuple / array / tensor.
+    return indices if rebuild is None else rebuild(indices)
 
 
 def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None) -> Any:
     """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
     ``task`` in the iteration's order, and the batch ring ``slot`` it may write): with worker processes the
     worker marks it on unpickling (see :class:`StampedIndices`); without, the producer thread runs the fetch
-    right after taking the indices, so the mark is made now. Indices that are not a plain list travel as
-    they are (no mark: the caller gives them no slot)."""
+    right after taking the indices, so the mark is made now. A batch sampler's tuple, 1-D numpy array or
+    tensor travels as a list marked to be rebuilt in the worker; any other kind of batch travels as it is
+    (no mark: the caller gives it no slot)."""
     if not in_workers:
         _fetch_begins([], task, slot)
         return indices
-    return stamped(indices, task, slot) if type(indices) is list else indices
+    if type(indices) is list:
+        return stamped(indices, task, slot)
+    rebuild = _rebuilder(indices)
+    if rebuild is None:
+        return indices
+    # An array's or tensor's items travel as Python ints (a tensor's would each go through shared memory).
+    items = indices.tolist() if isinstance(indices, np.ndarray | torch.Tensor) else list(indices)
+    return stamped(items, task, slot, rebuild)
+
+
+def _rebuilder(indices: Any) -> Callable[[list[Any]], Any] | None:
+    if type(indices) is tuple:
+        return tuple
+    if type(indices) is np.ndarray and indices.ndim == 1:
+        return functools.partial(np.asarray, dtype=indices.dtype)
+    if type(indices) is torch.Tensor and indices.dim() == 1:
+        return functools.partial(torch.as_tensor, dtype=indices.dtype)
+    return None
 
 
 class TimedCollate:

@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import operator
 import queue
 import signal
 import time
@@ -403,8 +404,9 @@ class WorkerRestarts:
         log.warning("no single sample of %s kills a worker: the batch is sent whole again", _samples(hunt.index))
         return hunt.task, hunt.index
 
-    def _quarantine(self, sample: int, death: _Death) -> None:
+    def _quarantine(self, sample: Any, death: _Death) -> None:
         reason = f"{REASON}: its worker died ({death.how}) each time it was read, alone too"
+        sample = operator.index(sample)  # the sampler may yield numpy integers: the books hold ints
         self.killers[sample] = reason
         self.policy.record(sample, _key(self.dataset, sample), reason)
 
@@ -415,7 +417,7 @@ class WorkerRestarts:
         kept = [i for i in samples if not _known(i, bad)] if self.policy.mode == "skip" else []
         out = kept or [self._substitute(i) if _known(i, bad) else i for i in samples]
         if isinstance(index, StampedIndices):
-            return stamped(out, index.task, index.slot)
+            return stamped(out, index.task, index.slot, index.rebuild)
         return out
 
     def _substitute(self, sample: int) -> int:
@@ -431,7 +433,15 @@ def _is_task(item: Any) -> bool:
 
 
 def _known(sample: Any, bad: Any) -> bool:
-    return isinstance(sample, int) and sample in bad
+    """Whether ``sample`` is one of ``bad``: any integer index (a numpy or torch integer too) counts."""
+    return _position(sample) in bad
+
+
+def _position(sample: Any) -> int | None:
+    try:
+        return operator.index(sample)
+    except TypeError:
+        return None
 
 
 def _halves(samples: list[int]) -> list[list[int]]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -277,3 +278,61 @@ def test_three_killers_in_batches_of_16_are_each_found(tmp_path: Path, mode: str
 
     assert _epoch(loader) == expected
     assert sorted(s.position for s in dataset.error_policy.bad_samples()) == sorted(bad)
+
+
+class NumpyOrder(torch.utils.data.Sampler[Any]):
+    """A user's sampler yielding numpy integers, as ``np.random.permutation`` gives them."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __iter__(self) -> Any:
+        return iter(np.random.default_rng(3).permutation(N))
+
+
+class BatchesOf(torch.utils.data.Sampler[Any]):
+    """A user's batch sampler yielding each batch as ``kind`` makes it (a tuple, a numpy array, a tensor)."""
+
+    def __init__(self, kind: Any) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return -(-N // BATCH)
+
+    def __iter__(self) -> Any:
+        for start in range(0, N, BATCH):
+            yield self.kind(list(range(start, min(start + BATCH, N))))
+
+
+class SeesBatches(Killing):
+    """Killing, fetching whole batches (``__getitems__``) and noting the type of each batch of indices."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.types = torch.zeros(1, dtype=torch.int64).share_memory_()  # batches not of the sampler's type
+
+    def __getitems__(self, indices: Any) -> list[int]:
+        if not isinstance(indices, (tuple, np.ndarray, torch.Tensor)):
+            self.types += 1
+        return [self[int(i)] for i in indices]
+
+
+def test_a_sampler_of_numpy_integers_quarantines_its_killer_and_the_epoch_ends(tmp_path: Path) -> None:
+    dataset = Killing(KILLER, signal.SIGKILL, None, tmp_path / "quarantine.tsv")
+    order = [int(i) for i in NumpyOrder()]
+    expected = [[i for i in order[s : s + BATCH] if i != KILLER] for s in range(0, N, BATCH)]
+    loader = DataLoaderX(dataset, batch_size=BATCH, sampler=NumpyOrder(), num_workers=2, stall_warning=None)
+    assert _epoch(loader) == [b for b in expected if b]
+    assert [s.position for s in dataset.error_policy.bad_samples()] == [KILLER]
+
+
+@pytest.mark.parametrize("kind", [tuple, np.array, torch.tensor], ids=["tuple", "ndarray", "tensor"])
+def test_a_batch_sampler_of_tuples_or_arrays_quarantines_its_killer(tmp_path: Path, kind: Any) -> None:
+    dataset = SeesBatches(KILLER, signal.SIGKILL, None, tmp_path / "quarantine.tsv")
+    loader = DataLoaderX(dataset, batch_sampler=BatchesOf(kind), num_workers=2, stall_warning=None)
+    expected = [[i for i in batch if i != KILLER] for batch in _torch_batches()]
+    assert _epoch(loader) == expected
+    assert [s.position for s in dataset.error_policy.bad_samples()] == [KILLER]
+    # the batches that held no killer reached the dataset as the batch sampler made them
+    plain = DataLoaderX(SeesBatches(-1, signal.SIGKILL, None, tmp_path / "none.tsv"), batch_sampler=BatchesOf(kind))
+    assert _epoch(plain) == _torch_batches()
