@@ -42,7 +42,7 @@ The protocol, all of it in the loader's process (the workers only mark what they
    run, naming the batch.
 6. *Later batches.* A quarantined sample never goes to a worker again: each batch of indices is rebuilt
    before it is sent (:meth:`WorkerRestarts.filtered`); samples a quarantine file names as ``WorkerKilled``
-   are known from the start, in a resumed run too.
+   are known from the start, in a resumed run too, by key (``known_killers``: never by position alone).
 
 Every other sample is delivered exactly once, in torch's order. A new epoch's reset (persistent workers)
 forgets the books of the last one, as torch does. Not covered: a worker killed from outside (the OOM killer) at
@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 
 from fastloader.errors import TooManyBadSamples
+from fastloader.loader.known_killers import KnownKillers
 from fastloader.loader.stage_clock import StampedIndices, stamped
 from fastloader.loader.worker_state import IDLE, Delivery, FetchMarks, WorkerStart, WorkerState
 from fastloader.torch_internals import TaggedResume, WorkerSet, resume_message
@@ -189,7 +190,8 @@ class WorkerRestarts:
         self.probes: dict[int, tuple[int, int]] = {}  # probe number -> (task number, worker)
         self.deaths: dict[int, _Death] = {}  # marker token -> the death it drains
         self.states: dict[int, WorkerState] = {}  # worker -> its state after its last batch received
-        self.killers = {s.position: s.reason for s in policy.bad_samples() if s.reason.startswith(REASON)}
+        killed = [s for s in policy.by_position() if s.reason.startswith(REASON)]
+        self.killers = KnownKillers(killed, functools.partial(_key, dataset), policy)  # by key, never position alone
         self.unexplained = 0
         self._tokens = itertools.count()
         self._probe_numbers = itertools.count(-2, -1)
