@@ -297,7 +297,7 @@ def test_cache_is_the_cache_of_decoded_images_on_local_shards(tmp_path: Path) ->
         str(tmp_path / "train-*.tar"), transform=T.Compose([T.Resize(16), T.CenterCrop(16)]), cache=path
     )
     first = [dataset[i][0].clone() for i in range(len(dataset))]
-    assert path.is_file()
+    assert dataset._cache is not None and Path(dataset._cache.path).is_file()  # path with its key, beside it
     again = TarShardDataset(str(tmp_path / "train-*.tar"), transform=dataset.transform, cache=path)
     assert all(torch.equal(again[i][0], first[i]) for i in range(len(again)))
 
