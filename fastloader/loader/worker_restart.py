@@ -18,8 +18,8 @@ The protocol, all of it in the loader's process (the workers only mark what they
    write lock, which every worker and this process write under, is held by a feeder thread.
 2. *Death.* Each wait for a result looks at every worker (``is_alive``: ``waitpid``, no timing involved) and
    polls the result queue at most :data:`_POLL_S` at a time. A dead worker's mark names the batch that killed
-   it (its kill count goes up), or nothing (it died between batches: :data:`_UNEXPLAINED` such deaths and the
-   run ends as torch's would). Its index queue is now *held*: what torch sends it waits in the loader.
+   it (its kill count goes up), or nothing (it died between batches: more than :data:`_UNEXPLAINED` in an epoch
+   and the run ends as torch's would). Its index queue is now *held*: what torch sends it waits in the loader.
 3. *Drain.* A marker goes into the result queue behind everything written so far: once the worker is dead,
    every result it wrote is ahead of the marker (one pipe, first in first out; the pin-memory thread passes
    it on in order). When the marker comes out, each task sent to the dead worker is either received or lost,
@@ -79,7 +79,7 @@ log = logging.getLogger("fastloader")
 REASON = "WorkerKilled"  # the quarantine's reason for a sample that killed its worker
 _POLL_S = 0.05  # the longest a wait for a result goes without looking at the workers
 _KILLS = 2  # a batch that killed a worker this many times is searched for its sample
-_UNEXPLAINED = 3  # deaths outside any batch tolerated per iterator
+_UNEXPLAINED = 3  # deaths outside any batch tolerated per epoch (an OOM kill of an idle worker now and then)
 _CLEAN_HUNTS = 1  # hunts of one batch that found no single sample, tolerated
 _DYING_S = 10.0  # how long an unreadable result waits for its worker's death to show before it is an error
 
@@ -239,6 +239,7 @@ class WorkerRestarts:
         self.kills.clear()
         self.hunts.clear()
         self.probes.clear()
+        self.unexplained = 0  # per epoch: persistent workers live for the whole run, and so would the count
 
     def _take(self, item: Any) -> Any:
         task, data = item
