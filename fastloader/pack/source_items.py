@@ -35,6 +35,7 @@ import numpy as np
 
 from fastloader.datasets.base import Source
 from fastloader.errors import FormatError
+from fastloader.formats.pack_state import classes_digest
 from fastloader.storage import atomic_write_bytes
 
 ITEMS_SUFFIX = ".fl-items"
@@ -118,13 +119,6 @@ def _files_digest(files: list[str]) -> str:
         except OSError:
             stats.append([os.path.abspath(file), None, None, None, None])
     return hashlib.sha256(json.dumps(stats).encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def classes_digest(classes: Any) -> str | None:
-    """The SHA-256 of a source's class names (None when it has none), as the fingerprint records it."""
-    if classes is None:
-        return None
-    return hashlib.sha256(json.dumps(list(classes)).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def identity(source: Source, digests: np.ndarray) -> dict[str, Any]:
