@@ -74,6 +74,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     report = info.collect()
     print(json.dumps(report, indent=2) if args.json else info.format_report(report))
+    warning = info.gpu_jpeg_decoder()[1]
+    if warning is not None:  # on stderr too: a setting that only fails once a GPU run starts is said now
+        print(f"fastloader info: warning: {warning}", file=sys.stderr)
     return 0
 
 

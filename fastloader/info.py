@@ -91,6 +91,20 @@ def extension_report() -> str:
     return f"built, resize with {'AVX2' if jpeg_ext.RESIZE_SIMD else 'plain C (no AVX2)'}"
 
 
+def gpu_jpeg_decoder() -> tuple[str, str | None]:
+    """The report's line on ``decode_on="cuda"``'s JPEG decoder, and a warning when ``$FASTLOADER_JPEG_DECODER``
+    names none of them (GPU decode then refuses to start: said here, before a run does)."""
+    from fastloader.image.gpu_jpeg import ENV, NAMES
+
+    name = os.environ.get(ENV) or None
+    if name is None:
+        return f"the first of {', '.join(NAMES)} that works (${ENV} unset)", None
+    if name in NAMES:
+        return f"{name} (${ENV})", None
+    wrong = f"${ENV}={name!r} names no JPEG decoder: it must be one of {', '.join(NAMES)}"
+    return f"{wrong} (decode_on='cuda' refuses it)", f"{wrong}; decode_on='cuda' refuses to start with it"
+
+
 def collect() -> dict[str, str]:
     """The whole report as ordered ``name -> value`` pairs."""
     import fastloader
@@ -101,6 +115,7 @@ def collect() -> dict[str, str]:
     report["PIL"] = f"{flavor} {version}"
     report["jpeg"] = libjpeg_version()
     report["jpeg extension"] = extension_report()
+    report["gpu jpeg decoder"] = gpu_jpeg_decoder()[0]
     for name in ("lmdb", "numpy"):
         report[name] = _dist_version(name) or "not installed"
     report.update(cpu_report())

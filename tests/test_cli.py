@@ -54,3 +54,17 @@ def test_fields_lists_names_kinds_and_values(tmp_path: Path, capsys: pytest.Capt
     report = json.loads(capsys.readouterr().out)
     assert report["fields"] == {"json": "json", "txt": "text"} and len(report["samples"]) == 3
     assert report["samples"][2]["fields"]["txt"].startswith("'a ")
+
+
+def test_info_names_an_unknown_gpu_jpeg_decoder_and_the_valid_ones() -> None:
+    exe = shutil.which("fastloader", path=os.path.dirname(sys.executable))
+    assert exe is not None
+    env = {**os.environ, "FASTLOADER_JPEG_DECODER": "nvjpeg"}
+    done = subprocess.run([exe, "info"], check=True, capture_output=True, text=True, env=env)
+    warning = "$FASTLOADER_JPEG_DECODER='nvjpeg' names no JPEG decoder: it must be one of torchcodec, torchvision"
+    assert warning in done.stderr and "warning" in done.stderr
+    assert "gpu jpeg decoder" in done.stdout and warning in done.stdout
+    env["FASTLOADER_JPEG_DECODER"] = "torchvision"
+    done = subprocess.run([exe, "info", "--json"], check=True, capture_output=True, text=True, env=env)
+    assert json.loads(done.stdout)["gpu jpeg decoder"] == "torchvision ($FASTLOADER_JPEG_DECODER)"
+    assert "warning" not in done.stderr

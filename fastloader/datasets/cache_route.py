@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastloader.datasets.batch_route import whole_batch
+from fastloader.image.decode import pixels_made_by
 from fastloader.image.decoded_cache import CacheMeta, DecodedCache, item_identities, source_fingerprint
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
@@ -43,7 +44,9 @@ def open_cache(dataset: ImageDataset[Any], path: str | os.PathLike[str]) -> tupl
     if dataset.decode_device != "cpu":
         raise ValueError("cache: a dataset that decodes on the GPU cannot cache decoded images")
     source = dataset.source
-    meta = CacheMeta(len(source), size[0], size[1], fused.describe(), source_fingerprint(source))
+    # Keyed by everything that changes the pixels: the steps, and how they decode (the mode, the decoders).
+    made = f"{fused.describe()} | {pixels_made_by(fast=not fused.exact_decode)}"
+    meta = CacheMeta(len(source), size[0], size[1], made, source_fingerprint(source))
     return DecodedCache.open(path, meta), fused
 
 

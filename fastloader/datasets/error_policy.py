@@ -104,14 +104,17 @@ class ErrorPolicy:
         """Report a bad sample once (log + quarantine line), then enforce the budget."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         self._catch_up()
-        if key not in self._found:
-            # Once for the whole run: other processes (earlier epochs' workers) may have reported it.
+        known = self._at.get(index)
+        if known is None or known.key != key:
+            # Once for the whole run: other processes (earlier epochs' workers) may have reported it. A key the
+            # quarantine names at another position (a run before, over a dataset that changed since) gets a line
+            # at this one: the next run finds it where it is now.
             # printable: a non-UTF-8 file name would make a UTF-8 log handler fail on the line
             _LOG.warning("bad sample %s (position %d): %s", printable(key), index, printable(reason))
             sample = BadSample(index, key, reason)
             bad_samples.append(self.quarantine, sample)
-            self._found[key] = sample
-            self._at.setdefault(index, sample)
+            self._found.setdefault(key, sample)
+            self._at[index] = sample
         if self.budget is not None and len(self._found) > self.budget:
             first = next(iter(self._found.values()))
             raise TooManyBadSamples(
@@ -123,6 +126,12 @@ class ErrorPolicy:
         """Every bad sample any process reported, once each, in the order they were found."""
         self._catch_up()
         return list(self._found.values())
+
+    def by_position(self) -> list[BadSample]:
+        """The quarantine's latest line for each position (a key may be listed at several: the dataset changed
+        between the runs that wrote them); whether its key is still the sample's there is the caller's to check."""
+        self._catch_up()
+        return list(self._at.values())
 
     def _catch_up(self, if_grown: bool = False) -> None:
         """Take in the lines other processes appended since the last call (whole lines only: one being
@@ -146,7 +155,7 @@ class ErrorPolicy:
         lines = new[:end].decode("utf-8", "surrogateescape").split("\n")
         for sample in bad_samples.parse(lines, self.quarantine, strict=False):
             self._found.setdefault(sample.key, sample)
-            self._at.setdefault(sample.position, sample)
+            self._at[sample.position] = sample  # the latest line of a position: its sample now, if any run's
         self._read_to += end
 
     def stats(self) -> dict[str, Any]:

@@ -19,7 +19,11 @@ The catalog keeps them as the shard indexes do: CSR arrays ``member_starts`` / `
 gives the shard list, the class names and the fields' original names and kinds, and (packs of
 version 3) each shard's size and SHA-256: at open, a shard whose size, or whose hash as its index
 recorded it from the shard's bytes, differs from the manifest's is a FormatError naming it (see
-``fastloader.formats.tar_content`` for what is checked when).
+``fastloader.formats.tar_content`` for what is checked when). The manifest's class names are checked
+too, against the SHA-256 of the source's that the pack's fingerprint records (what ``verify`` checks):
+names edited in the manifest would serve every label under another class's name. The shards' indexes
+hold integer labels only, so the fingerprint is the one record of the names (a pack from before it was
+recorded is not checked).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, Catal
 from fastloader.errors import FormatError
 from fastloader.fields.specs import Spec
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
+from fastloader.formats.pack_state import classes_edited
 from fastloader.formats.patterns import expand_pattern
 from fastloader.formats.tar_content import Expected
 from fastloader.formats.tar_manifest import FieldMember, TarPackState
@@ -58,6 +63,12 @@ def _shard_list(pattern: str | os.PathLike[str] | list[str]) -> _ShardList:
     pack records."""
     if not isinstance(pattern, list) and os.path.isdir(pattern):
         state = TarPackState.read_manifest(pattern)
+        if classes_edited(state.fingerprint, state.classes):  # labels would be served under names not theirs
+            manifest = os.path.join(os.fspath(pattern), TarPackState.MANIFEST_NAME)
+            raise FormatError(
+                f"{manifest}: its class names ({state.classes!r}) are not those of the source packed (the pack's "
+                "fingerprint records their SHA-256): edited since? Put them back, or pack again"
+            )
         shards = [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards]
         hashed = all(shard.size is not None and shard.sha256 is not None for shard in state.shards)
         expected = [Expected(int(s.size or 0), str(s.sha256)) for s in state.shards] if hashed else None

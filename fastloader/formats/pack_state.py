@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -51,6 +52,24 @@ from typing import Any, ClassVar, TypeVar
 from fastloader.errors import FormatError
 from fastloader.formats import json_text
 from fastloader.formats.bad_samples import BadSample
+
+
+def classes_digest(classes: Any) -> str | None:
+    """The SHA-256 of a source's class names (None when it has none), as a pack's fingerprint records them
+    (``fingerprint["source"]["classes_sha256"]``): what its manifest's ``classes`` are checked against."""
+    if classes is None:
+        return None
+    return hashlib.sha256(json.dumps(list(classes)).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def classes_edited(fingerprint: dict[str, Any], classes: Any) -> bool:
+    """Whether ``classes`` (a manifest's) are not the class names the pack's fingerprint recorded of its source
+    (False for a pack from before the digest was recorded)."""
+    source: Any = fingerprint.get("source")
+    if not isinstance(source, dict) or "classes_sha256" not in source:
+        return False
+    return classes_digest(None if classes is None else list(classes)) != source["classes_sha256"]
+
 
 StateT = TypeVar("StateT", bound="PackState")
 

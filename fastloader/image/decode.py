@@ -76,6 +76,31 @@ def _jpeg_ext() -> ModuleType | None:
     return module if getattr(module, "AVAILABLE", False) else None
 
 
+def pixels_made_by(fast: bool) -> str:
+    """Everything besides its arguments that decides :func:`decode_plan`'s pixels: the decode mode (``fast``:
+    libjpeg's fast IDCT and the extension's resize; else the exact decode, resized by PIL), the JPEG extension
+    (the libjpeg-turbo it was built against, its resize's pass order) and PIL (its distribution and version,
+    Pillow-SIMD's included, and the libjpeg it decodes with). A cache of decoded pixels is keyed by it: pixels
+    made one way are never served for another."""
+    import PIL
+    from PIL import features
+
+    from fastloader.image.pil import resize_pass_order
+
+    parts = [f"decode={'fast' if fast else 'exact'}"]
+    ext = _jpeg_ext()
+    if ext is None:
+        parts.append("jpeg extension: none")
+    else:
+        order = getattr(ext, "_pass_order", None) or resize_pass_order()  # what its first resize sets, unless set
+        parts.append(f"jpeg extension: libjpeg-turbo {ext.LIBJPEG_TURBO_VERSION}, pass order {order}")
+    turbo = features.check_feature("libjpeg_turbo")
+    jpeg = features.version_feature("libjpeg_turbo") if turbo else features.version("jpg")
+    # PIL's version tells Pillow-SIMD from Pillow (Pillow-SIMD's carry ".post"), whose resizes differ.
+    parts.append(f"PIL {PIL.__version__} with {'libjpeg-turbo' if turbo else 'libjpeg'} {jpeg}")
+    return "; ".join(parts)
+
+
 def is_jpeg(data: bytes | memoryview) -> bool:
     return bytes(data[:2]) == _JPEG_SOI
 

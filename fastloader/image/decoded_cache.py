@@ -37,9 +37,13 @@ cache file and the item), a changed identity is not (an edited image). Any proce
 worker) that decodes item i writes its pixels, then its record, both with ``pwrite``; two workers
 decoding the same item write the same bytes.
 
-The header names the dataset length, the transform (``FusedTransform.describe()``), the output
-size and a fingerprint of the source (:func:`source_fingerprint`); a cache whose header differs is
-rebuilt empty.
+The header names the dataset length, what makes the pixels (the transform, ``FusedTransform.describe()``,
+and the decoder, ``fastloader.image.decode.pixels_made_by``: the exact or fast decode, the JPEG
+extension's libjpeg-turbo and resize pass order, PIL's version and libjpeg), the output size and a
+fingerprint of the source (:func:`source_fingerprint`); a cache whose header differs is rebuilt empty.
+The file's name holds the key of what makes the pixels (:func:`cache_file`): jobs with other transforms
+or decoders on one ``set_cache`` path keep a file each, never rebuilding each other's. A disk without room
+for the file is an error naming the file and the bytes it needs.
 
 Not detected: an edit that keeps a file's size, inode, mtime_ns and ctime_ns (timestamps coarser
 than the edits: a folder source does not trust, and so does not cache, a file modified within 2 s
@@ -56,6 +60,7 @@ is one, so every process's mapping sees them.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -183,6 +188,20 @@ def _meta_of(file: Any) -> CacheMeta | None:
     return meta if size == meta.file_size else None
 
 
+def cache_file(path: str | os.PathLike[str], meta: CacheMeta) -> str:
+    """The file at ``path`` for ``meta``'s pixels: ``path`` with the key of what makes them (the transform, its
+    output size, the decoder: ``meta.transform``) before its extension, ``val.cache`` ->
+    ``val.<16 hex digits>.cache``. Jobs with other transforms on one ``path`` each keep their own file; a
+    changed dataset (its length, its fingerprint) rebuilds the file of its key."""
+    path = os.fspath(path)
+    text = f"{meta.version}|{meta.height}x{meta.width}|{meta.transform}".encode()
+    key = hashlib.blake2b(text, digest_size=8).hexdigest()
+    root, extension = os.path.splitext(path)
+    if not extension or os.sep in extension:
+        return f"{path}.{key}"
+    return f"{root}.{key}{extension}"
+
+
 def _create(path: str, meta: CacheMeta) -> None:
     """Write an empty cache file (every record zero: none whole) of full size, atomically."""
     header = json.dumps(dataclasses.asdict(meta), sort_keys=True).encode()
@@ -194,7 +213,18 @@ def _create(path: str, meta: CacheMeta) -> None:
         file.flush()
         os.posix_fallocate(file.fileno(), 0, meta.file_size)  # zeros: no record whole
 
-    atomic_write(path, write)
+    try:
+        atomic_write(path, write)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A bare "No space left on device" names neither the file nor what it needs.
+        raise OSError(
+            error.errno,
+            f"{path}: no room for the decoded cache: it needs {meta.file_size:,} bytes ({meta.length} images of "
+            f"{meta.height}x{meta.width}x3) on {os.path.dirname(os.path.abspath(path))}; free space, or give "
+            "set_cache a path on a larger disk",
+        ) from error
 
 
 class DecodedCache:
@@ -213,8 +243,9 @@ class DecodedCache:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], meta: CacheMeta) -> DecodedCache:
-        """Open the cache at ``path``, (re)building it empty unless its header matches ``meta``."""
-        path = os.fspath(path)
+        """Open the cache at ``path`` for ``meta`` (its file: :func:`cache_file`), (re)building it empty unless its
+        header matches ``meta``."""
+        path = cache_file(path, meta)
         with file_lock(path):  # concurrent ranks: one builds, the others find it built
             if _read_meta(path) != meta:
                 _create(path, meta)

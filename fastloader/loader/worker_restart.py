@@ -18,8 +18,8 @@ The protocol, all of it in the loader's process (the workers only mark what they
    write lock, which every worker and this process write under, is held by a feeder thread.
 2. *Death.* Each wait for a result looks at every worker (``is_alive``: ``waitpid``, no timing involved) and
    polls the result queue at most :data:`_POLL_S` at a time. A dead worker's mark names the batch that killed
-   it (its kill count goes up), or nothing (it died between batches: :data:`_UNEXPLAINED` such deaths and the
-   run ends as torch's would). Its index queue is now *held*: what torch sends it waits in the loader.
+   it (its kill count goes up), or nothing (it died between batches: more than :data:`_UNEXPLAINED` in an epoch
+   and the run ends as torch's would). Its index queue is now *held*: what torch sends it waits in the loader.
 3. *Drain.* A marker goes into the result queue behind everything written so far: once the worker is dead,
    every result it wrote is ahead of the marker (one pipe, first in first out; the pin-memory thread passes
    it on in order). When the marker comes out, each task sent to the dead worker is either received or lost,
@@ -42,7 +42,7 @@ The protocol, all of it in the loader's process (the workers only mark what they
    run, naming the batch.
 6. *Later batches.* A quarantined sample never goes to a worker again: each batch of indices is rebuilt
    before it is sent (:meth:`WorkerRestarts.filtered`); samples a quarantine file names as ``WorkerKilled``
-   are known from the start, in a resumed run too.
+   are known from the start, in a resumed run too, by key (``known_killers``: never by position alone).
 
 Every other sample is delivered exactly once, in torch's order. A new epoch's reset (persistent workers)
 forgets the books of the last one, as torch does. Not covered: a worker killed from outside (the OOM killer) at
@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 
 from fastloader.errors import TooManyBadSamples
+from fastloader.loader.known_killers import KnownKillers
 from fastloader.loader.stage_clock import StampedIndices, stamped
 from fastloader.loader.worker_state import IDLE, Delivery, FetchMarks, WorkerStart, WorkerState
 from fastloader.torch_internals import TaggedResume, WorkerSet, resume_message
@@ -79,7 +80,7 @@ log = logging.getLogger("fastloader")
 REASON = "WorkerKilled"  # the quarantine's reason for a sample that killed its worker
 _POLL_S = 0.05  # the longest a wait for a result goes without looking at the workers
 _KILLS = 2  # a batch that killed a worker this many times is searched for its sample
-_UNEXPLAINED = 3  # deaths outside any batch tolerated per iterator
+_UNEXPLAINED = 3  # deaths outside any batch tolerated per epoch (an OOM kill of an idle worker now and then)
 _CLEAN_HUNTS = 1  # hunts of one batch that found no single sample, tolerated
 _DYING_S = 10.0  # how long an unreadable result waits for its worker's death to show before it is an error
 
@@ -190,7 +191,8 @@ class WorkerRestarts:
         self.probes: dict[int, tuple[int, int]] = {}  # probe number -> (task number, worker)
         self.deaths: dict[int, _Death] = {}  # marker token -> the death it drains
         self.states: dict[int, WorkerState] = {}  # worker -> its state after its last batch received
-        self.killers = {s.position: s.reason for s in policy.bad_samples() if s.reason.startswith(REASON)}
+        killed = [s for s in policy.by_position() if s.reason.startswith(REASON)]
+        self.killers = KnownKillers(killed, functools.partial(_key, dataset), policy)  # by key, never position alone
         self.unexplained = 0
         self._tokens = itertools.count()
         self._probe_numbers = itertools.count(-2, -1)
@@ -238,6 +240,7 @@ class WorkerRestarts:
         self.kills.clear()
         self.hunts.clear()
         self.probes.clear()
+        self.unexplained = 0  # per epoch: persistent workers live for the whole run, and so would the count
 
     def _take(self, item: Any) -> Any:
         task, data = item

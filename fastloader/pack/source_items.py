@@ -2,15 +2,19 @@
 
 A pack killed after some shards and run again continues from its last durable shard: the items
 before it are not read again. So the run must first know that each of them is the item that was
-packed: the same key (for a folder, its path, so also its class), label, size and ``mtime_ns``. An
-image replaced under the same name (same size even: its mtime differs) or moved to another class
-would otherwise keep its old bytes or label in the pack.
+packed: the same key (for a folder, its path, so also its class), label, size, ``mtime_ns``,
+``ctime_ns`` and inode. An image replaced under the same name or moved to another class would otherwise
+keep its old bytes or label in the pack. The size and mtime alone miss a replacement of the same size
+whose mtime was put back (``cp -p``, ``rsync -t``, ``os.utime``): the ctime cannot be set back (any
+write or metadata change moves it) and a file written beside and renamed over has another inode, as the
+decoded cache's identity knows. So a ``chmod``, ``chown`` or hard link of a packed file (its ctime moves)
+refuses a resume too: on the safe side.
 
 Each item's identity is an 8-byte digest (:func:`item_digests`), in one numpy array: O(1) memory per
-item (80 MB at 10M items). Sizes and mtimes come from a ``stat`` of each file for sources that read
+item (80 MB at 10M items). Sizes, times and inodes come from a ``stat`` of each file for sources that read
 one file per item (a folder, a file list: threads stat them, about a minute per 10M files on a local
 disk); for a container source (LMDB, RecordIO, TFRecord, tar, Parquet) each item's key and label,
-and the size and mtime of the container's files. The pack's fingerprint records the SHA-256 of the
+and the size, times and inode of the container's files. The pack's fingerprint records the SHA-256 of the
 array (``items_sha256``), of its container files (``files_sha256``) and of its class names
 (``classes_sha256``, which ``verify`` also checks the manifest against), so any change refuses the
 resume. To name the first changed item, the array itself is kept beside the destination,
@@ -31,6 +35,7 @@ import numpy as np
 
 from fastloader.datasets.base import Source
 from fastloader.errors import FormatError
+from fastloader.formats.pack_state import classes_digest
 from fastloader.storage import atomic_write_bytes
 
 ITEMS_SUFFIX = ".fl-items"
@@ -43,8 +48,9 @@ def items_path(dst: str | os.PathLike[str]) -> str:
     return os.fspath(dst).rstrip(os.sep) + ITEMS_SUFFIX
 
 
-def _digest(key: str, size: int, mtime_ns: int, label: int) -> int:
-    text = f"{key}\0{size}\0{mtime_ns}\0{label}".encode("utf-8", "surrogateescape")
+def _digest(key: str, stat: tuple[int, int, int, int], label: int) -> int:
+    size, mtime_ns, ctime_ns, inode = stat
+    text = f"{key}\0{size}\0{mtime_ns}\0{ctime_ns}\0{inode}\0{label}".encode("utf-8", "surrogateescape")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
@@ -52,20 +58,25 @@ def _chunk_digests(source: Source, start: int, stop: int, labels: np.ndarray | N
     path = getattr(source, "path", None)
     out = np.empty(stop - start, dtype=np.uint64)
     for i in range(start, stop):
-        size = mtime_ns = -1
-        if callable(path):  # one file per item: its size and mtime
+        identity = (-1, -1, -1, -1)
+        if callable(path):  # one file per item: its size, times and inode
             try:
-                stat = os.stat(path(i))
-                size, mtime_ns = stat.st_size, stat.st_mtime_ns
+                identity = _file_identity(os.stat(path(i)))
             except OSError:
                 pass  # a missing file has an identity too (the reader will skip it)
         label = int(labels[i]) if labels is not None else int(source.label(i))
-        out[i - start] = _digest(source.key(i), size, mtime_ns, label)
+        out[i - start] = _digest(source.key(i), identity, label)
     return out
 
 
+def _file_identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file's content changed without reading it: size, mtime_ns, and ctime_ns and inode (a
+    replacement of the same size with its mtime put back moves its ctime; one renamed over has another inode)."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
+
+
 def item_digests(source: Source) -> np.ndarray:
-    """One uint64 digest of (key, size, mtime_ns, label) per item of ``source``, in source order."""
+    """One uint64 digest of (key, size, mtime_ns, ctime_ns, inode, label) per item of ``source``, in source order."""
     labels_of = getattr(source, "labels", None)
     labels = np.asarray(labels_of()) if callable(labels_of) else None
     total = len(source)
@@ -104,17 +115,10 @@ def _files_digest(files: list[str]) -> str:
     for file in files:
         try:
             stat = os.stat(file)
-            stats.append([os.path.abspath(file), stat.st_size, stat.st_mtime_ns])
+            stats.append([os.path.abspath(file), *_file_identity(stat)])
         except OSError:
-            stats.append([os.path.abspath(file), None, None])
+            stats.append([os.path.abspath(file), None, None, None, None])
     return hashlib.sha256(json.dumps(stats).encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def classes_digest(classes: Any) -> str | None:
-    """The SHA-256 of a source's class names (None when it has none), as the fingerprint records it."""
-    if classes is None:
-        return None
-    return hashlib.sha256(json.dumps(list(classes)).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def identity(source: Source, digests: np.ndarray) -> dict[str, Any]:
@@ -146,8 +150,9 @@ def check_unchanged(dst: str, source: Source, digests: np.ndarray) -> None:
     if len(changed):
         first = int(changed[0])
         raise FormatError(
-            f"{dst}: source item {first} ({source.key(first)}) changed since this pack began (its name, size, mtime "
-            f"or label differ; {len(changed)} item(s) changed in all): the pack may hold its old bytes or label, so it "
+            f"{dst}: source item {first} ({source.key(first)}) changed since this pack began (its name, size, mtime, "
+            f"ctime, inode or label differ: replaced, rewritten, moved or its metadata changed; {len(changed)} "
+            f"item(s) changed in all): the pack may hold its old bytes or label, so it "
             f"cannot resume; {remedy}"
         )
     if len(recorded) != len(digests):

@@ -20,10 +20,9 @@ import numpy as np
 
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import read_index
-from fastloader.formats.pack_state import PackState, ShardRecord
+from fastloader.formats.pack_state import PackState, ShardRecord, classes_edited
 from fastloader.formats.tar_content import Expected, file_sha256, member_digest
 from fastloader.formats.tar_shards import INDEX_KIND, INDEX_VERSION, default_index_path, walk_members
-from fastloader.pack.source_items import classes_digest
 from fastloader.storage import open_regular
 
 _MEMBERS_NAMED = 10  # changed members named per shard
@@ -110,10 +109,7 @@ def member_problems(shard: str) -> list[str]:
 
 def classes_problems(path: str, fingerprint: dict[str, Any], classes: Any) -> list[str]:
     """A pack's class names against the digest of the source's that its fingerprint records."""
-    source: Any = fingerprint.get("source")
-    if not isinstance(source, dict) or "classes_sha256" not in source:
-        return []  # a pack from before the digest was recorded
-    if classes_digest(None if classes is None else list(classes)) == source["classes_sha256"]:
+    if not classes_edited(fingerprint, classes):
         return []
     shown = None if classes is None else list(classes)
     return [f"{path}: the pack's class names ({shown!r}) are not those of the source packed (edited?)"]

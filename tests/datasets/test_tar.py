@@ -297,7 +297,7 @@ def test_cache_is_the_cache_of_decoded_images_on_local_shards(tmp_path: Path) ->
         str(tmp_path / "train-*.tar"), transform=T.Compose([T.Resize(16), T.CenterCrop(16)]), cache=path
     )
     first = [dataset[i][0].clone() for i in range(len(dataset))]
-    assert path.is_file()
+    assert dataset._cache is not None and Path(dataset._cache.path).is_file()  # path with its key, beside it
     again = TarShardDataset(str(tmp_path / "train-*.tar"), transform=dataset.transform, cache=path)
     assert all(torch.equal(again[i][0], first[i]) for i in range(len(again)))
 
@@ -307,3 +307,23 @@ def test_on_s3_shards_cache_names_shard_cache_and_index_paths_are_refused(tmp_pa
         TarShardDataset("s3://bucket/train", cache=tmp_path / "c")
     with pytest.raises(ValueError, match="index_paths is for local shards, not s3:// ones"):
         TarShardDataset("s3://bucket/train", index_paths=[tmp_path / "a.idx"])
+
+
+def test_a_pack_whose_manifest_class_names_were_edited_is_refused_at_open(tmp_path: Path) -> None:
+    """The shards hold integer labels; the names are the manifest's: swapped there, every label of classes 0 and 1
+    would be served under the other's name. The pack's fingerprint records the source's names: checked at open."""
+    from fastloader.pack import pack
+    from tests.images import write_image_folder
+
+    write_image_folder(tmp_path / "images", count=9, classes=3)
+    dst = tmp_path / "pack"
+    pack(tmp_path / "images", dst, format="tar", shard_size=4, workers=0, progress=False)
+    assert TarShardDataset(dst).classes == ["class_0", "class_1", "class_2"]
+    manifest = dst / MANIFEST_NAME
+    raw = json.loads(manifest.read_bytes())
+    raw["classes"] = ["class_1", "class_0", "class_2"]
+    manifest.write_text(json.dumps(raw, indent=1))
+    with pytest.raises(
+        FormatError, match=rf"{manifest}: its class names \(\['class_1', 'class_0', 'class_2'\]\) are not"
+    ):
+        TarShardDataset(dst)

@@ -92,9 +92,10 @@ def test_a_changed_transform_or_source_rebuilds_the_cache(folder: Path, tmp_path
     assert dataset._cache.filled() == 0 and dataset[0][0].shape == (3, 30, 30)
     smaller = ImageFolder(folder, transform=dataset.transform, is_valid_file=lambda p: not p.endswith("017.jpg"))
     smaller.set_cache(path)
-    meta = _read_meta(str(path))
+    assert smaller._cache is not None and smaller._cache.path == dataset._cache.path  # the same transform's file
+    meta = _read_meta(smaller._cache.path)
     assert meta is not None and meta.length == len(smaller) == len(dataset) - 1
-    path.write_bytes(b"not a cache")
+    Path(smaller._cache.path).write_bytes(b"not a cache")
     smaller.set_cache(path)
     assert smaller._cache is not None and smaller._cache.filled() == 0 and torch.equal(smaller[2][0], smaller[2][0])
 
@@ -191,18 +192,19 @@ def test_the_cache_refuses_images_of_another_shape(folder: Path, tmp_path: Path)
 
 
 def test_a_cache_rebuilt_by_another_run_is_never_written(folder: Path, tmp_path: Path) -> None:
-    """Another run rebuilt the file at the path for another transform: writes go to the file this one mapped
-    or nowhere, and say so; the other run's cache is left as it is."""
+    """Another run rebuilt the file of this transform for another dataset (one image fewer): writes go to the file
+    this one mapped or nowhere, and say so; the other run's cache is left as it is."""
     path = tmp_path / "shared.cache"
     ours = ImageFolder(folder, transform=EVAL)
     ours.set_cache(path)
     ours.__getitems__([0])  # the file mapped here
-    other = ImageFolder(folder, transform=T.Compose([T.Resize(40), T.CenterCrop(30)]))
+    other = ImageFolder(folder, transform=EVAL, is_valid_file=lambda p: not p.endswith("017.jpg"))
     other.set_cache(path)
     with pytest.raises(FormatError, match="rebuilt or removed by another run"):
         ours.__getitems__([1])
     assert other._cache is not None and other._cache.filled() == 0
-    path.unlink()
+    assert ours._cache is not None and ours._cache.path == other._cache.path
+    Path(ours._cache.path).unlink()
     with pytest.raises(FormatError, match="rebuilt or removed by another run"):
         ours.__getitems__([2])
 
@@ -280,6 +282,7 @@ def test_a_bit_flip_in_the_cached_pixels_is_decoded_again(
     dataset.set_cache(path)
     filled = epoch(dataset)
     assert dataset._cache is not None
+    path = Path(dataset._cache.path)  # the file of this transform's key
     for index, offset in ((5, 1000), (6, 0)):
         with open(path, "r+b") as file:
             byte = os.pread(file.fileno(), 1, pixels_of(dataset._cache, index) + offset)
@@ -307,14 +310,14 @@ def test_a_record_without_its_pixels_is_never_served(folder: Path, tmp_path: Pat
     assert dataset._cache is not None
     identities = item_identities(dataset.source, [3, 4])
     record = record_bytes(3, int(identities[0]), expected[0].permute(1, 2, 0).numpy())
-    with open(path, "r+b") as file:
+    with open(dataset._cache.path, "r+b") as file:
         os.pwrite(file.fileno(), record, 4096 + 3 * RECORD.itemsize)
         os.pwrite(file.fileno(), b"\x01" * RECORD.itemsize, 4096 + 4 * RECORD.itemsize)
     assert dataset._cache.filled() == 1  # the record is whole: only the pixels tell
     assert torch.equal(dataset[3][0], expected[0]) and torch.equal(dataset[4][0], expected[1])
     fresh = ImageFolder(folder, transform=EVAL)
     fresh.set_cache(path)  # the same header: the same file, item 3 now stored for real
-    with open(path, "r+b") as file:
+    with open(dataset._cache.path, "r+b") as file:
         os.pwrite(file.fileno(), bytes(32 * 32 * 3), pixels_of(dataset._cache, 3))  # its pixels lost again
     assert torch.equal(fresh.__getitems__([3, 4, 5]).images, expected)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,32 @@ def test_an_unchanged_source_resumes_and_packs_every_item_once(tmp_path: Path) -
     from tests.images import pack_contents
 
     assert pack_contents(dst) == [(key, label, data) for key, label, data in items]
+
+
+@pytest.mark.parametrize("how", ["in-place", "cp-p", "renamed-over"])
+def test_an_image_replaced_with_its_size_and_mtime_kept_is_refused_by_name(tmp_path: Path, how: str) -> None:
+    """The replacement has the old image's size and mtime to the nanosecond (``os.utime``, ``cp -p`` of a file
+    dated back, or one written beside, dated back and renamed over): its ctime (or inode) tells it."""
+    items = write_image_folder(tmp_path / "images", count=12, classes=2)
+    dst = tmp_path / "shards"
+    pack_killed_after(tmp_path / "images", dst, shards=1, shard_size=4)
+    key, _, old = items[1]  # in the durable first shard: a resume would not read it again
+    path = tmp_path / "images" / key
+    before = path.stat()
+    new = other_image(len(old), 7)
+    if how == "in-place":
+        path.write_bytes(new)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    else:
+        beside = tmp_path / "replacement.jpg"
+        beside.write_bytes(new)
+        os.utime(beside, ns=(before.st_atime_ns, before.st_mtime_ns))
+        if how == "cp-p":
+            subprocess.run(["cp", "-p", str(beside), str(path)], check=True)
+        else:
+            os.rename(beside, path)
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) and path.read_bytes() == new
+    with pytest.raises(FormatError, match=rf"source item 1 \({key}\) changed since this pack began.*delete"):
+        pack(tmp_path / "images", dst, format="tar", shard_size=4, workers=0, progress=False)
+    assert not (dst / TarPackState.MANIFEST_NAME).exists()  # nothing finished over the old bytes
