@@ -25,6 +25,11 @@ is named (from the digests its index recorded when packed). The manifest's class
 those of the source packed. A pack written before these hashes were recorded cannot be checked so,
 and the report says so: it is not OK.
 
+For a tar pack, each shard's index (offsets, sizes, labels, keys, the members of each sample) is then
+compared with a scan of the shard's members, naming the first sample that differs, and with the digest
+the manifest records of it (``fastloader.pack.verify_index``): an index shipped with edited labels or
+swapped offsets fails, though its own meta names the shard's bytes.
+
 For tar shards written by ``fastloader pack --format tar``: every sample must be readable, every
 field member of every sample must decode as the kind the manifest records (a ``.json`` that is not
 JSON, an ``.npy`` that is not an array), and the shards must hold no member extension the manifest
@@ -281,6 +286,13 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
     problems, unchecked = _content_check(path, state, members=True)
     if problems:  # reported before the shards' indexes are read: a reader would refuse a changed shard
         problems += _unrecorded_file_problems(path, state, ".tar")
+        return VerifyReport(path, "tar", expected, 0, tuple(unchecked + problems))
+    from fastloader.pack.verify_index import index_problems, undigested_problem
+
+    undigested = undigested_problem(path, state)
+    unchecked += [undigested] if undigested else []
+    problems = index_problems(path, state)
+    if problems:  # reported before the indexes are loaded: a reader would rebuild one the manifest does not vouch for
         return VerifyReport(path, "tar", expected, 0, tuple(unchecked + problems))
     problems = unchecked + _manifest_problems(path, state, "index", _tar_samples(state), ".tar")
     if len(problems) > len(unchecked):
