@@ -42,6 +42,7 @@ kind. Problems name the file and row, and the sample's key.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -392,13 +393,26 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
     return VerifyReport(path, "parquet", expected, len(source), tuple(problems), tuple(bad))
 
 
-def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyReport:
+def verify(dst: str | os.PathLike[str], *, progress: bool = False, expect_digest: str | None = None) -> VerifyReport:
     """Check every record of the pack at ``dst`` (LMDB, tar shards or Parquet); see the module docstring.
+
+    ``expect_digest``: the content digest a user pinned (``fastloader.pack.content_digest``): a pack whose
+    records differ from it fails, naming the first record that differs where the pack's record digests
+    allow. Plain ``verify`` finds corruption; only a pinned digest finds tampering.
 
     Raises FileNotFoundError when nothing is there and FormatError when ``dst`` is not a finished
     pack (incomplete, written by another tool or by a newer fastloader).
     """
-    path = os.fspath(dst)
+    report = _verify(os.fspath(dst), progress)
+    if expect_digest is None:
+        return report
+    from fastloader.pack.content_digest import digest_problems
+
+    pinned = digest_problems(dst, expect_digest)
+    return dataclasses.replace(report, problems=(*report.problems, *pinned)) if pinned else report
+
+
+def _verify(path: str, progress: bool) -> VerifyReport:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such pack")
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
