@@ -2,7 +2,8 @@
 
     fastloader info                 what is active: torch, CUDA, PIL flavour, libjpeg, CPUs
     fastloader pack SRC DST         pack images into an LMDB, tar shards or Parquet files (resumable)
-    fastloader verify DST           check every record of a pack
+    fastloader verify DST           check every record of a pack (--expect-digest HEX: against a pinned digest)
+    fastloader digest PACK          the content digest of a pack, to pin
     fastloader fields SRC           what the samples carry besides the image and label (for fields=)
     fastloader scan SRC             decode every image of a dataset and list the bad ones
     fastloader doctor PATH          where the time goes on your data: the slowest stage, and what to do
@@ -106,12 +107,19 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from fastloader.pack.verify import verify
 
-    report = verify(args.dst, progress=not args.no_progress)
+    report = verify(args.dst, progress=not args.no_progress, expect_digest=args.expect_digest)
     if args.json:
         print(json.dumps({**vars(report), "ok": report.ok}, indent=2))
     else:
         print(report.format_text(limit=args.show))
     return 0 if report.ok else 1
+
+
+def _cmd_digest(args: argparse.Namespace) -> int:
+    from fastloader.pack.content_digest import pack_digest
+
+    print(pack_digest(args.dst))
+    return 0
 
 
 def _cmd_fields(args: argparse.Namespace) -> int:
@@ -367,7 +375,19 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--show", type=_positive, default=20, metavar="N", help="problems to print (default 20)")
     verify.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument(
+        "--expect-digest",
+        metavar="HEX",
+        help="the pack's content digest you pinned (from `fastloader digest` or `pack`, obtained apart from the "
+        "data): fail unless every record is the one it vouches for, naming the first that differs",
+    )
     verify.set_defaults(run=_cmd_verify)
+    digest = commands.add_parser(
+        "digest",
+        help="print a pack's content digest: a SHA-256 of every record's key, label, image and fields, in order",
+    )
+    digest.add_argument("dst", metavar="PACK", help="the pack (LMDB, tar shards or Parquet)")
+    digest.set_defaults(run=_cmd_digest)
     fields = commands.add_parser(
         "fields",
         help="list what the samples carry besides the image and label",

@@ -71,7 +71,7 @@ def _shard_list(pattern: str | os.PathLike[str] | list[str]) -> _ShardList:
             )
         shards = [os.path.join(os.fspath(pattern), shard.name) for shard in state.shards]
         hashed = all(shard.size is not None and shard.sha256 is not None for shard in state.shards)
-        expected = [Expected(int(s.size or 0), str(s.sha256)) for s in state.shards] if hashed else None
+        expected = [Expected(int(s.size or 0), str(s.sha256), s.index_sha256) for s in state.shards] if hashed else None
         return _ShardList(shards, state.classes, state.fields, expected)
     return _ShardList(expand_pattern(pattern), None, {}, None)
 
@@ -103,7 +103,9 @@ def _build_catalog(
         for s, index in zip(shards, indexes)
     ]
     hashes = [index.meta.get("content_sha256") for index in indexes]
-    write_catalog(path, indexes, identities, image_exts, {"content_sha256": hashes})
+    # The index digests the manifest records, each checked when its index was loaded (load_shard_index).
+    vouched = [shard.index_sha256 for shard in expected] if expected else None
+    write_catalog(path, indexes, identities, image_exts, {"content_sha256": hashes, "index_sha256": vouched})
 
 
 def _current_catalog(path: Path, stats: list[list[Any]], expected: Sequence[Expected] | None) -> IndexFile | None:
@@ -115,6 +117,8 @@ def _current_catalog(path: Path, stats: list[list[Any]], expected: Sequence[Expe
         return None
     if expected is not None and catalog.meta.get("content_sha256") != [shard.sha256 for shard in expected]:
         return None  # built for other bytes, or without hashes: the shard indexes say which shard differs
+    if expected is not None and catalog.meta.get("index_sha256") != [shard.index_sha256 for shard in expected]:
+        return None  # built from indexes the manifest did not vouch for (by an older fastloader)
     return catalog
 
 

@@ -13,8 +13,9 @@ the same JSON object (indented by one space), with these keys common to every fo
 ``shards``
     the completed data files, in order: ``{"name", "count", "end_position", "size", "sha256"}`` each
     (its file name, beside the manifest; its samples; the source position just after its last sample;
-    its size in bytes and the SHA-256 of its bytes, hex). Packs written before content hashes
-    (tar v1-v2, Parquet v1) have no ``size`` / ``sha256``: null when read.
+    its size in bytes and the SHA-256 of its bytes, hex; for a tar shard, ``index_sha256``, the digest of
+    its index's arrays). Packs written before content hashes (tar v1-v2, Parquet v1) have no ``size`` /
+    ``sha256``, tar packs before v4 no ``index_sha256``: null when read.
 ``skipped``
     the source items skipped: ``{"position", "key", "reason"}`` each.
 ``complete``
@@ -84,6 +85,7 @@ class ShardRecord:
     end_position: int
     size: int | None = None
     sha256: str | None = None
+    index_sha256: str | None = None  # a tar shard's index (tar packs of version 4): tar_index_digest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,10 +28,12 @@ _READ = 8 << 20
 
 
 class Expected(NamedTuple):
-    """A shard as the manifest records it: its size and the SHA-256 of its bytes."""
+    """A shard as the manifest records it: its size, the SHA-256 of its bytes and (tar packs of version 4)
+    the digest of its index's arrays (:mod:`fastloader.formats.tar_index_digest`)."""
 
     size: int
     sha256: str
+    index_sha256: str | None = None
 
 
 def member_digest(name: str, data: bytes | memoryview) -> int:

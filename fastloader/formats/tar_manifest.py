@@ -10,7 +10,9 @@ of every member), ``position``, ``shards``, ``skipped``, ``complete``, ``classes
 ``format`` (``fastloader-tar``), ``version`` (3), ``count``. Version 3 added each shard's ``size`` and
 ``sha256`` (of its bytes); each shard's index then also holds ``content_sha256`` (its meta) and the
 digest of every member (``member_digest``, see :mod:`fastloader.formats.tar_shards`), so that
-``verify`` names a changed member and a reader refuses a shard the manifest does not list. Version
+``verify`` names a changed member and a reader refuses a shard the manifest does not list. Version 4
+added each shard's ``index_sha256``, the digest of its index's arrays
+(:mod:`fastloader.formats.tar_index_digest`): a reader trusts no index that is not the one recorded. Version
 2 added ``fields``, the pack's
 fields (``fastloader.fields``) by their original names: ``{"name": {"kind": ..., "extension": ...}}``;
 each sample's value of a field is its member ``{sample}.{extension}``, holding the kind's canonical
@@ -45,7 +47,7 @@ from fastloader.formats.tar_shards import IMAGE_EXTS, LABEL_EXTS
 MANIFEST_NAME = "fastloader-tar.json"
 PROGRESS_NAME = "fastloader-tar.progress.json"
 PACK_FORMAT = "fastloader-tar"
-PACK_VERSION = 3
+PACK_VERSION = 4
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789._-")
 _KIND_SUFFIX = {"text": "txt", "json": "json", "int": "cls", "array": "npy", "bytes": "bin"}
 _RESERVED = frozenset(IMAGE_EXTS + LABEL_EXTS)
@@ -98,7 +100,12 @@ class TarPackState(PackState):
     MANIFEST_NAME: ClassVar[str] = MANIFEST_NAME
     PROGRESS_NAME: ClassVar[str] = PROGRESS_NAME
     FORMAT: ClassVar[str] = PACK_FORMAT
-    VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, PACK_VERSION)  # 1: before fields; 2: before content hashes
+    VERSIONS: ClassVar[tuple[int, ...]] = (
+        1,
+        2,
+        3,
+        PACK_VERSION,
+    )  # 1: before fields; 2: before content hashes; 3: before index digests
     KEYS: ClassVar[tuple[str, ...]] = tuple(
         "fingerprint prefix created position shards skipped complete classes meta fields format version count".split()
     )

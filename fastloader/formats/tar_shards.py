@@ -48,6 +48,7 @@ from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, cached_index, pack_strings, read_index, write_index
 from fastloader.formats.tar_content import Expected, check_expected, fd_sha256, file_sha256
 from fastloader.formats.tar_index_check import check_shard_index
+from fastloader.formats.tar_index_digest import index_digest
 from fastloader.formats.tar_members import Member, walk_members
 from fastloader.storage import open_regular, sidecar_path
 
@@ -152,14 +153,10 @@ def default_index_path(shard: str | os.PathLike[str]) -> Path:
     return sidecar_path(shard, INDEX_SUFFIX)
 
 
-def build_shard_index(
-    shard: str,
-    index_path: str | os.PathLike[str],
-    image_exts: Sequence[str] = IMAGE_EXTS,
-    extra_arrays: Mapping[str, np.ndarray] | None = None,
-    content_hash: bool = False,
-) -> IndexFile:
-    """Scan ``shard`` and write its index to ``index_path`` (``extra_arrays`` stored alongside; with
+def scan_shard(
+    shard: str, image_exts: Sequence[str] = IMAGE_EXTS, content_hash: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays and meta of the index of ``shard``, from a walk of its members (nothing written; with
     ``content_hash``, the SHA-256 of every byte of the shard in the meta's ``content_sha256``)."""
     fd = open_regular(shard)  # a FIFO named *.tar: an error naming it, never a hang
     try:
@@ -181,7 +178,6 @@ def build_shard_index(
         "member_ext": np.asarray(rows.member_exts, dtype=np.int32),
         "member_offset": np.asarray(rows.member_offsets, dtype=np.int64),
         "member_size": np.asarray(rows.member_sizes, dtype=np.int64),
-        **(extra_arrays or {}),
     }
     meta = {
         "shard_size": stat.st_size,
@@ -195,15 +191,28 @@ def build_shard_index(
         "ignored_examples": rows.ignored,
         **({"content_sha256": sha256} if sha256 is not None else {}),
     }
-    write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, arrays)
     if rows.ignored_count:
         # Member names are the shard's to choose: escaped, or an ESC in one would drive the terminal.
         warnings.warn(
             printable(
                 f"{shard}: ignored {rows.ignored_count} unsafe or non-regular member(s), e.g. {', '.join(rows.ignored)}"
             ),
-            stacklevel=2,
+            stacklevel=3,
         )
+    return arrays, meta
+
+
+def build_shard_index(
+    shard: str,
+    index_path: str | os.PathLike[str],
+    image_exts: Sequence[str] = IMAGE_EXTS,
+    extra_arrays: Mapping[str, np.ndarray] | None = None,
+    content_hash: bool = False,
+) -> IndexFile:
+    """Scan ``shard`` (:func:`scan_shard`) and write its index to ``index_path`` (``extra_arrays`` stored
+    alongside)."""
+    arrays, meta = scan_shard(shard, image_exts, content_hash)
+    write_index(index_path, INDEX_KIND, INDEX_VERSION, meta, {**arrays, **(extra_arrays or {})})
     return read_index(index_path, INDEX_KIND, INDEX_VERSION)
 
 
@@ -259,7 +268,22 @@ def _try_read(
     except FormatError as error:
         warnings.warn(printable(f"rebuilding a shard index whose values do not hold: {error}"), stacklevel=2)
         return None
+    if expected is not None and not _vouched(index, image_exts, expected):
+        warnings.warn(
+            printable(f"{index.path}: rebuilding a shard index whose arrays are not those the pack's manifest records"),
+            stacklevel=2,
+        )
+        return None
     return index
+
+
+def _vouched(index: IndexFile, image_exts: Sequence[str], expected: Expected) -> bool:
+    """Whether the index's arrays are those the manifest's digest describes (when it records one: tar packs of
+    version 4). The pack indexed its shards for :data:`IMAGE_EXTS`: an index for other extensions is never
+    the pack's, and is built here from the shard's bytes, checked against the manifest first."""
+    if expected.index_sha256 is None or list(image_exts) != list(IMAGE_EXTS):
+        return True
+    return index_digest(index.arrays, index.meta) == expected.index_sha256
 
 
 def _restamped(shard: str, path: Path, image_exts: Sequence[str], expected: Expected) -> IndexFile:
@@ -277,8 +301,15 @@ def _restamped(shard: str, path: Path, image_exts: Sequence[str], expected: Expe
         old is None
         or old.meta.get("content_sha256") != expected.sha256
         or old.meta.get("image_exts") != list(image_exts)
+        or not _vouched(old, image_exts, expected)
     ):
-        return build_shard_index(shard, path, image_exts, content_hash=True)
+        built = build_shard_index(shard, path, image_exts, content_hash=True)
+        if not _vouched(built, image_exts, expected):  # the shard is the one recorded: its digest is what lies
+            raise FormatError(
+                f"{shard}: the index of the shard's bytes is not the one the pack's manifest records "
+                "(index_sha256 edited?); run `fastloader verify` on the pack, and pack it again"
+            )
+        return built
     arrays = {name: np.asarray(array) for name, array in old.arrays.items()}
     write_index(path, INDEX_KIND, INDEX_VERSION, {**old.meta, "shard_mtime_ns": stat.st_mtime_ns}, arrays)
     return read_index(path, INDEX_KIND, INDEX_VERSION)

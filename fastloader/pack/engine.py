@@ -30,10 +30,12 @@ re-encoded at its own size keeps its original bytes when the JPEG would not be s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from fastloader.datasets.base import Source
+from fastloader.pack.content_digest import write_records
 from fastloader.pack.dest_lock import destination_lock
 from fastloader.pack.lmdb_sink import DEFAULT_COMMIT_EVERY, DEFAULT_MAP_SIZE
 from fastloader.pack.local import pack_local
@@ -100,7 +102,12 @@ def pack(
     # The driver holds the lock, whatever the engine; an s3:// DST's is its staging directory's on this machine.
     with destination_lock(staging_dir(S3Url.parse(dst)) if is_remote(dst) else dst, break_lock=break_lock):
         if engine == "ray":
-            return pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
-        if is_remote(dst):
+            summary = pack_on_ray(src, dst, format=format, ray_address=ray_address, **common)
+        elif is_remote(dst):
             return pack_to_remote(src, dst, format=format or "tar", **common)
-        return pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)
+        else:
+            summary = pack_local(src, dst, format=format, commit_every=commit_every, map_size=map_size, **common)
+        if is_remote(dst):
+            return summary
+        # Read back from what was written, never from the records' own claims: the digest a user pins.
+        return dataclasses.replace(summary, content_sha256=write_records(dst))

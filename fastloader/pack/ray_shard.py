@@ -110,7 +110,7 @@ class ShardResult:
         return json.dumps(
             {
                 "index": self.index,
-                "shards": [[s.name, s.count, s.end_position, s.size, s.sha256] for s in self.shards],
+                "shards": [[s.name, s.count, s.end_position, s.size, s.sha256, s.index_sha256] for s in self.shards],
                 "skipped": [[s.position, s.key, s.reason] for s in self.skipped],
                 "bytes_in": self.bytes_in,
                 "bytes_out": self.bytes_out,

@@ -272,13 +272,17 @@ class ShardedSink(ABC, Generic[StateT, FileT, ItemT]):
             self._discard(file)  # a file already renamed into place stays unrecorded: the next run deletes it
             raise
         size, sha256 = self._content(file)
-        record = ShardRecord(file.name, samples, end_position, size, sha256)
+        record = ShardRecord(file.name, samples, end_position, size, sha256, self._index_digest(file))
         self._record((*self._state.shards, record), end_position)
 
     def _content(self, file: FileT) -> tuple[int, str]:
         """The size and SHA-256 of a committed file's bytes, as the manifest records them (read back once)."""
         path = self.dst_dir / file.name
         return path.stat().st_size, file_sha256(path)
+
+    def _index_digest(self, file: FileT) -> str | None:
+        """The digest of a committed file's index, for formats that index their files (tar)."""
+        return None
 
     def _record(self, shards: tuple[ShardRecord, ...], position: int) -> None:
         """Replace the progress file: ``shards``, and every skipped item below ``position``, are now durable."""

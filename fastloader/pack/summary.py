@@ -43,6 +43,7 @@ class PackSummary:
     engine: str = "local"
     shards: int | None = None
     shards_now: int | None = None
+    content_sha256: str | None = None  # the pack's content digest (fastloader.pack.content_digest), local packs
 
     @property
     def packed(self) -> int:
@@ -72,6 +73,9 @@ class PackSummary:
         if self.shards is not None:
             now = self.shards_now or 0
             lines.append(f"  engine {self.engine}: {self.shards:,} shards, {now:,} written by this run")
+        if self.content_sha256 is not None:
+            lines.append(f"  content digest: {self.content_sha256}")
+            lines.append(f"    (pin it: fastloader verify {self.dst} --expect-digest {self.content_sha256})")
         if self.skipped:
             lines.append(f"  skipped {len(self.skipped):,} (listed in {self.report_path}):")
             lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]

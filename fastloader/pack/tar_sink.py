@@ -40,6 +40,7 @@ from fastloader.errors import FormatError
 from fastloader.formats.field_values import check_value, encode_value
 from fastloader.formats.index_file import pack_strings
 from fastloader.formats.tar_content import member_digest
+from fastloader.formats.tar_index_digest import index_digest
 from fastloader.formats.tar_manifest import TarPackState, field_members
 from fastloader.formats.tar_shards import IMAGE_EXTS, build_shard_index, default_index_path
 from fastloader.pack.shard_sink import ShardedSink
@@ -80,6 +81,7 @@ class _OpenShard:
         self.source_keys: list[str] = []  # one shard's worth, dropped when it closes
         self.digests: list[int] = []  # each member's (tar_content.member_digest), in tar order
         self.content: tuple[int, str] | None = None  # its size and SHA-256, once indexed
+        self.index_sha256: str | None = None  # the digest of its index's arrays, once indexed
 
     def add_member(self, name: str, data: bytes, mtime: int) -> None:
         self.digests.append(member_digest(name, data))
@@ -213,12 +215,16 @@ class TarShardSink(ShardedSink[TarPackState, _OpenShard, _Sample]):
         if index.meta["samples"] != len(shard.source_keys):
             raise FormatError(f"{final}: indexed {index.meta['samples']} samples, wrote {len(shard.source_keys)}")
         shard.content = int(index.meta["shard_size"]), str(index.meta["content_sha256"])
+        shard.index_sha256 = index_digest(index.arrays, index.meta)
         return len(shard.source_keys)
 
     def _content(self, file: _OpenShard) -> tuple[int, str]:
         if file.content is None:
             raise RuntimeError(f"{file.name}: not indexed")
         return file.content  # hashed when indexed: the bytes are not read a third time
+
+    def _index_digest(self, file: _OpenShard) -> str | None:
+        return file.index_sha256
 
     def _discard(self, shard: _OpenShard) -> None:
         shard.discard()

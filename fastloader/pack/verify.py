@@ -25,6 +25,11 @@ is named (from the digests its index recorded when packed). The manifest's class
 those of the source packed. A pack written before these hashes were recorded cannot be checked so,
 and the report says so: it is not OK.
 
+For a tar pack, each shard's index (offsets, sizes, labels, keys, the members of each sample) is then
+compared with a scan of the shard's members, naming the first sample that differs, and with the digest
+the manifest records of it (``fastloader.pack.verify_index``): an index shipped with edited labels or
+swapped offsets fails, though its own meta names the shard's bytes.
+
 For tar shards written by ``fastloader pack --format tar``: every sample must be readable, every
 field member of every sample must decode as the kind the manifest records (a ``.json`` that is not
 JSON, an ``.npy`` that is not an array), and the shards must hold no member extension the manifest
@@ -37,6 +42,7 @@ kind. Problems name the file and row, and the sample's key.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -282,6 +288,13 @@ def _verify_tar(path: str, show_progress: bool) -> VerifyReport:
     if problems:  # reported before the shards' indexes are read: a reader would refuse a changed shard
         problems += _unrecorded_file_problems(path, state, ".tar")
         return VerifyReport(path, "tar", expected, 0, tuple(unchecked + problems))
+    from fastloader.pack.verify_index import index_problems, undigested_problem
+
+    undigested = undigested_problem(path, state)
+    unchecked += [undigested] if undigested else []
+    problems = index_problems(path, state)
+    if problems:  # reported before the indexes are loaded: a reader would rebuild one the manifest does not vouch for
+        return VerifyReport(path, "tar", expected, 0, tuple(unchecked + problems))
     problems = unchecked + _manifest_problems(path, state, "index", _tar_samples(state), ".tar")
     if len(problems) > len(unchecked):
         return VerifyReport(path, "tar", expected, 0, tuple(problems))
@@ -380,13 +393,26 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
     return VerifyReport(path, "parquet", expected, len(source), tuple(problems), tuple(bad))
 
 
-def verify(dst: str | os.PathLike[str], *, progress: bool = False) -> VerifyReport:
+def verify(dst: str | os.PathLike[str], *, progress: bool = False, expect_digest: str | None = None) -> VerifyReport:
     """Check every record of the pack at ``dst`` (LMDB, tar shards or Parquet); see the module docstring.
+
+    ``expect_digest``: the content digest a user pinned (``fastloader.pack.content_digest``): a pack whose
+    records differ from it fails, naming the first record that differs where the pack's record digests
+    allow. Plain ``verify`` finds corruption; only a pinned digest finds tampering.
 
     Raises FileNotFoundError when nothing is there and FormatError when ``dst`` is not a finished
     pack (incomplete, written by another tool or by a newer fastloader).
     """
-    path = os.fspath(dst)
+    report = _verify(os.fspath(dst), progress)
+    if expect_digest is None:
+        return report
+    from fastloader.pack.content_digest import digest_problems
+
+    pinned = digest_problems(dst, expect_digest)
+    return dataclasses.replace(report, problems=(*report.problems, *pinned)) if pinned else report
+
+
+def _verify(path: str, progress: bool) -> VerifyReport:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such pack")
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):

@@ -29,7 +29,9 @@ _MEMBERS_NAMED = 10  # changed members named per shard
 
 
 def expected_of(shard: ShardRecord) -> Expected | None:
-    return None if shard.size is None or shard.sha256 is None else Expected(shard.size, shard.sha256)
+    return (
+        None if shard.size is None or shard.sha256 is None else Expected(shard.size, shard.sha256, shard.index_sha256)
+    )
 
 
 def unhashed_problem(path: str, state: PackState) -> str | None:
@@ -58,7 +60,7 @@ def content_problems(path: str, state: PackState, members: bool) -> list[str]:
         except OSError as error:
             problems.append(f"{file}: unreadable ({type(error).__name__}: {error})")
             continue
-        if (size, sha256) == expected:
+        if (size, sha256) == (expected.size, expected.sha256):
             continue
         other = by_hash.get(sha256)
         if other is not None:

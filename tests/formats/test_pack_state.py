@@ -33,7 +33,7 @@ def test_tar_state_bytes(tmp_path: Path) -> None:
     expected = {"fingerprint": {"n": 3, "a": [1]}, "prefix": "x", "created": 7, "position": 4, "shards": [SHARD]}
     expected |= {"skipped": SKIPPED, "complete": True, "classes": ["a"], "meta": {"m": 1}}
     expected |= {"fields": {"Caption": {"kind": "text", "extension": "caption.txt"}}}
-    expected |= {"format": "fastloader-tar", "version": 3, "count": 2}
+    expected |= {"format": "fastloader-tar", "version": 4, "count": 2}
     assert state.to_json() == json.dumps(expected, indent=1).encode()
     (tmp_path / "state.json").write_bytes(state.to_json())
     assert TarPackState.read(tmp_path / "state.json") == state

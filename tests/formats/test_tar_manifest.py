@@ -67,7 +67,7 @@ def test_manifests_of_both_versions_read(tmp_path: Path) -> None:
         "Caption": {"kind": "text", "extension": "caption.txt"}
     }
     for bad in (
-        state_json(version=4),
+        state_json(version=5),
         state_json(fields={"x": {"kind": "pickle", "extension": "x"}}),
         state_json(fields={"x": {"kind": "image", "extension": "png"}}),
         state_json(fields={"x": {"kind": "text", "extension": "a/b"}}),

@@ -46,7 +46,8 @@ def edited(packs: dict[str, Path], output: str, tmp_path: Path, **changes: Any) 
     shutil.copytree(packs[output], copy)
     manifest = copy / FORMATS[output][0].MANIFEST_NAME
     written = json.loads(manifest.read_bytes())
-    content = {entry["name"]: {"size": entry["size"], "sha256": entry["sha256"]} for entry in written["shards"]}
+    recorded = ("size", "sha256", "index_sha256")  # what the pack recorded of each file (index_sha256: tar only)
+    content = {entry["name"]: {key: entry[key] for key in recorded if key in entry} for entry in written["shards"]}
     if "shards" in changes:  # each file keeps the size and hash the pack recorded: only the numbers change
         changes["shards"] = [{**entry, **content[entry["name"]]} for entry in changes["shards"]]
     manifest.write_text(json.dumps({**written, **changes}))
