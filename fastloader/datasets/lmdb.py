@@ -163,6 +163,32 @@ def shared_handle(path: str) -> _Handle:
         return _handles[identity]
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(_data_file(path))
+    except (OSError, FormatError):
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def has_shared_handle(path: str) -> bool:
+    """Whether this process holds the shared handle on the LMDB at ``path`` (False: not an LMDB)."""
+    identity = _identity(path)
+    with _handles_lock:
+        return identity is not None and identity in _handles
+
+
+def release_shared_handle(path: str) -> None:
+    """Close this process's shared handle on the LMDB at ``path``, if any: for a reader that opened it only to
+    read it once (``fastloader digest``), so that a writer of the same path can open it in this process after.
+    A dataset still reading it would open it again on its next read."""
+    identity = _identity(path)
+    with _handles_lock:
+        handle = _handles.pop(identity, None) if identity is not None else None
+    if handle is not None:
+        handle.close()
+
+
 def _source_handle(path: str, meta: records.LMDBMeta) -> _Handle:
     handle = shared_handle(path)
     if handle.meta != meta:

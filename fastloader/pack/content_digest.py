@@ -17,7 +17,7 @@ value read). The pack's digest is ``SHA-256(b"fastloader-content-v1\\0" || n || 
 the reader serves.
 
 To name the record that differs, ``pack`` also writes the record digests into the pack
-(``fastloader-records.sha256``: ``n`` raw 32-byte digests; beside an LMDB file, ``<file>-records.sha256``).
+(``_fastloader-records.sha256``: ``n`` raw 32-byte digests; beside an LMDB file, ``<file>-records.sha256``).
 That file travels with the pack and is trusted only when its record digests combine to the pinned digest:
 then the first record whose digest differs is named; else the report says the content differs without
 naming a record.
@@ -25,10 +25,11 @@ naming a record.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from fastloader.errors import MissingField
 from fastloader.formats.field_values import encode_value
 from fastloader.storage import atomic_write_bytes
 
-RECORDS_NAME = "fastloader-records.sha256"
+RECORDS_NAME = "_fastloader-records.sha256"  # "_": Parquet readers (pyarrow) skip it in a pack folder
 _RECORD_TAG = b"fastloader-record-v1\0"
 _PACK_TAG = b"fastloader-content-v1\0"
 _DIGEST = 32
@@ -69,16 +70,32 @@ def record_digest(source: Any, index: int) -> bytes:
     return digest.digest()
 
 
-def record_digests(path: str, progress: Callable[[int], None] = lambda done: None) -> tuple[Any, np.ndarray]:
-    """The pack at ``path`` opened as its reader opens it, and its record digests (``n`` x 32 bytes)."""
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[Any]:
+    """The pack at ``path`` opened as its reader opens it, closed after: an LMDB environment left open in
+    this process would refuse the next writer of the same path (a pack resumed or made again)."""
+    from fastloader.datasets.lmdb import has_shared_handle, release_shared_handle
     from fastloader.datasets.sources import open_source
 
+    held = has_shared_handle(path)  # a dataset of this process reads it: leave its handle open
     source, _ = open_source(path)
+    try:
+        yield source
+    finally:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+        if not held:
+            release_shared_handle(path)
+
+
+def record_digests(source: Any, progress: Callable[[int], None] = lambda done: None) -> np.ndarray:
+    """The record digests (``n`` x 32 bytes) of an opened pack."""
     found = np.zeros((len(source), _DIGEST), np.uint8)
     for index in range(len(source)):
         found[index] = np.frombuffer(record_digest(source, index), np.uint8)
         progress(index + 1)
-    return source, found
+    return found
 
 
 def combine(records: np.ndarray) -> str:
@@ -95,12 +112,14 @@ def records_path(path: str) -> str:
 
 def pack_digest(path: str | os.PathLike[str]) -> str:
     """The content digest (hex) of the pack at ``path``, read record by record."""
-    return combine(record_digests(os.fspath(path))[1])
+    with _opened(os.fspath(path)) as source:
+        return combine(record_digests(source))
 
 
 def write_records(path: str | os.PathLike[str]) -> str:
     """Read the pack at ``path``, write its record digests into it, and return its content digest (``pack``)."""
-    _, records = record_digests(os.fspath(path))
+    with _opened(os.fspath(path)) as source:
+        records = record_digests(source)
     atomic_write_bytes(records_path(os.fspath(path)), records.tobytes())
     return combine(records)
 
@@ -109,19 +128,20 @@ def digest_problems(path: str | os.PathLike[str], expected: str) -> list[str]:
     """Why the pack at ``path`` is not the one whose content digest is ``expected``: [] when it is."""
     path = os.fspath(path)
     expected = expected.strip().lower()
-    source, records = record_digests(path)
-    found = combine(records)
-    if found == expected:
-        return []
-    shipped = _shipped_records(path)
-    if shipped is not None and combine(shipped) == expected:  # the list the pinned digest vouches for
-        if len(shipped) != len(records):
-            return [f"{path}: {len(records)} records, the pinned digest's pack has {len(shipped)}"]
-        index = int(np.flatnonzero((shipped != records).any(axis=1))[0])
-        return [
-            f"{path}: record {index} (key {_key(source, index)!r}) is not the one the pinned digest vouches for "
-            f"(its key, label, image or fields differ); the pack's content digest is {found}, not {expected}"
-        ]
+    with _opened(path) as source:
+        records = record_digests(source)
+        found = combine(records)
+        if found == expected:
+            return []
+        shipped = _shipped_records(path)
+        if shipped is not None and combine(shipped) == expected:  # the list the pinned digest vouches for
+            if len(shipped) != len(records):
+                return [f"{path}: {len(records)} records, the pinned digest's pack has {len(shipped)}"]
+            index = int(np.flatnonzero((shipped != records).any(axis=1))[0])
+            return [
+                f"{path}: record {index} (key {_key(source, index)!r}) is not the one the pinned digest vouches"
+                f" for (its key, label, image or fields differ); the pack's content digest is {found}, not {expected}"
+            ]
     return [
         f"{path}: its content digest is {found}, not the pinned {expected}; it holds no record digests the "
         "pinned digest vouches for, so the record that differs is not named"
