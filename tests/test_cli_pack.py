@@ -95,9 +95,7 @@ def packed_by_cli(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     root = tmp_path_factory.mktemp("cli")
     items = write_image_folder(root / "images", count=24)
     (root / "images" / "class_0" / "empty.jpg").write_bytes(b"")
-    # 1 of 25 skipped (4%): over the default --max-skipped of 1%, accepted here
-    dst = str(root / "out.lmdb")
-    result = run("pack", str(root / "images"), dst, "--workers", "2", "--no-progress", "--json", "--max-skipped", "0.1")
+    result = run("pack", str(root / "images"), str(root / "out.lmdb"), "--workers", "2", "--no-progress", "--json")
     assert result.returncode == 0, result.stderr
     return root / "out.lmdb", items, json.loads(result.stdout)
 
