@@ -38,6 +38,9 @@ root_doc = "index"
 
 html_theme = "furo"
 html_title = f"fastloader {release}"
+# Wide code lines wrap instead of scrolling out of sight (the why is in the file).
+html_static_path = ["_static"]
+html_css_files = ["code-wrap.css"]
 
 # MyST: anchors for headings down to ###, so [text](page.md#a-heading) links are checked too.
 myst_heading_anchors = 3

@@ -136,7 +136,7 @@ def test_help_usage_errors_and_a_second_writer(packed_by_cli, tmp_path: Path) ->
         writer.close()
     assert busy.returncode == 1 and "another fastloader pack is writing into it" in busy.stderr
     missing = run("verify", str(tmp_path / "none.lmdb"))
-    assert missing.returncode == 1 and "none.lmdb: no such pack" in missing.stderr
+    assert missing.returncode == 1 and "none.lmdb: the path does not exist" in missing.stderr
 
 
 def test_a_sample_whose_json_no_output_can_hold_is_skipped_and_the_parquet_pack_holds_the_rest(tmp_path: Path) -> None:

@@ -42,8 +42,21 @@ def detect_source_kind(src: str) -> str:
         return "lmdb"
     raise ValueError(
         f"{src}: cannot tell what to read: expected an image folder, a file list (.txt/.csv), a .rec, "
-        "a .tfrecord pattern, a .tar pattern, .parquet files or a fastloader LMDB (or pass src_format)"
+        "a .tfrecord pattern, a .tar pattern, .parquet files or a fastloader LMDB (or name its kind: --src-format"
+        " on the command line, src_format= in Python)"
     )
+
+
+_PATTERN_CHARS = "*?[{"  # a glob or a brace range names files that exist one by one, never itself
+
+
+def check_exists(src: str) -> None:
+    """Raise FileNotFoundError naming ``src`` when it is a plain local path that is not there: said first, since
+    a mistyped path otherwise reads as a path of an unknown kind, or as an empty pattern."""
+    if "://" in src or any(char in src for char in _PATTERN_CHARS):
+        return
+    if not os.path.lexists(src):
+        raise FileNotFoundError(f"{src}: the path does not exist")
 
 
 # Where each source kind lives: imported when used (their modules need nothing until then).
@@ -62,9 +75,10 @@ SOURCE_KINDS = tuple(_SOURCE_CLASSES)
 def open_source(src: str, kind: str = "auto", *, root: str | None = None) -> tuple[Source, str]:
     """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`). ``root``: the base of
     relative paths, a file list's or those of the images a Parquet file names by path."""
+    check_exists(src)
     kind = detect_source_kind(src) if kind == "auto" else kind
     if kind not in _SOURCE_CLASSES:
-        raise ValueError(f"src_format must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+        raise ValueError(f"--src-format (src_format=) must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     module, name = _SOURCE_CLASSES[kind]
     source_class = getattr(importlib.import_module(module), name)
     if kind == "list":

@@ -39,8 +39,10 @@ def checkup(
     batches: int = 60,
     seconds: float = 60.0,
     storage: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Measure ``path`` with this pipeline; the result is what ``fastloader doctor --json`` prints."""
+    """Measure ``path`` with this pipeline; the result is what ``fastloader doctor --json`` prints.
+    ``progress``: a bar of the measured batches on stderr."""
     from fastloader import DataLoaderX
     from fastloader.datasets import ImageDataset
     from fastloader.datasets.sources import open_source
@@ -64,7 +66,12 @@ def checkup(
     reads = read_speed(source) if storage else None
     with scratch:
         result = diagnose(
-            loader, batches=batches, seconds=seconds, step_ms=step_ms, small_files=kind in ("folder", "list")
+            loader,
+            batches=batches,
+            seconds=seconds,
+            step_ms=step_ms,
+            small_files=kind in ("folder", "list"),
+            progress=progress,
         )
         result.update(bad_samples_found(dataset.error_policy))
     env, traps = environment(_batch_bytes(batch_size), int(loader.num_workers), loader.prefetch_factor)

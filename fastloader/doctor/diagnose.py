@@ -13,6 +13,7 @@ the loader alone delivers, and how long a step may be before training stops wait
 from __future__ import annotations
 
 import datetime
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from fastloader.loader.verdict import Setting, judge
 
 LOADER_ONLY = "loader only (no training step)"
 SAMPLE_S = 0.25  # how often CPU, memory and GPU use are sampled
+BEFORE_S = 0.5  # how long the cores' use by other work is read before the loader starts
 
 
 class _Sampler(threading.Thread):
@@ -87,17 +89,23 @@ def diagnose(
     step_ms: float = 0.0,
     step: Callable[[Any], None] | None = None,
     small_files: bool | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run ``loader`` for ``batches`` batches (more epochs if needed; at most ``seconds``) and measure it.
 
     ``step_ms`` simulates a training step per batch; ``step(batch)`` runs a real one instead.
     ``small_files``: one file per image (an image folder or a file list); None: told by the dataset.
+    ``progress``: a bar of the measured batches on stderr (the run takes up to ``seconds``).
     Returns the doctor's result (the dict ``fastloader doctor --json`` prints; see ``doctor.schema``).
     """
     if not isinstance(loader, DataLoaderX):
         raise TypeError(f"diagnose needs a fastloader.DataLoaderX (its stage clock), got {type(loader).__name__}")
     if batches < 1:
         raise ValueError(f"batches must be >= 1, got {batches}")
+    from tqdm import tqdm
+
+    busy_before = _busy_before()  # before iter(): num_workers='auto' measures there, and needs quiet cores
+    bar = tqdm(total=batches, unit="batch", desc="doctor", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     sampler = _Sampler()
     sampler.start()
     began = time.perf_counter()
@@ -110,9 +118,11 @@ def diagnose(
                 elif step_ms:
                     time.sleep(step_ms / 1000)
                 done += 1
+                bar.update(1)
                 if done >= batches or time.perf_counter() - began >= seconds:
                     break
     finally:
+        bar.close()
         sampler.stop()
     wall = time.perf_counter() - began
     stats = loader.stats()
@@ -120,14 +130,7 @@ def diagnose(
     busy = mean(per_core_mean)
     if small_files is None:
         small_files = type(getattr(loader.dataset, "source", None)).__name__ in ("FolderSource", "FileListSource")
-    setting = Setting(
-        num_workers=int(loader.num_workers),
-        usable_cores=world.cores_per_rank(),
-        pin_memory=loader.pin_memory,
-        to_gpu=loader.device.type == "cuda",
-        cores_busy=busy / 100 if busy is not None else None,
-        small_files=small_files,
-    )
+    setting = doctor_setting(loader, stats, busy / 100 if busy is not None else None, small_files, busy_before)
     verdict = judge(stats, setting).to_dict()
     if step is None and not step_ms:
         verdict["level"] = LOADER_ONLY
@@ -148,12 +151,47 @@ def diagnose(
             "per_core_percent_mean": per_core_mean,
             "timeline": sampler.cpu,
             "rss_bytes": sampler.peak_rss,
+            "busy_before_percent": 100 * busy_before if busy_before is not None else None,
         },
         "gpu": _gpu_summary(sampler.gpu),
         "autotune": stats.get("autotune"),
         "bad_samples": stats.get("bad_samples", 0),
         "verdict": verdict,
     }
+
+
+def doctor_setting(
+    loader: DataLoaderX[Any],
+    stats: dict[str, Any],
+    cores_busy: float | None,
+    small_files: bool,
+    busy_before: float | None,
+) -> Setting:
+    """What the verdict weighs, from this run's own measurement (``loader.stats()``): the workers it ran, and
+    whether num_workers='auto' chose them by its trials."""
+    return Setting(
+        num_workers=int(stats.get("num_workers", loader.num_workers)),
+        usable_cores=world.cores_per_rank(),
+        pin_memory=loader.pin_memory,
+        to_gpu=loader.device.type == "cuda",
+        cores_busy=cores_busy,
+        small_files=small_files,
+        measured_workers=measured_by_auto(stats.get("autotune")),
+        busy_before=busy_before,
+    )
+
+
+def measured_by_auto(autotune: dict[str, Any] | None) -> bool:
+    """Whether num_workers='auto' chose the number by its trials (``stats()["autotune"]``): then more workers
+    did not pay in this run, and the advice must not say they would."""
+    return autotune is not None and str(autotune.get("reason", "")).startswith("measured")
+
+
+def _busy_before() -> float | None:
+    """The usable cores' mean use (0..1) over ``BEFORE_S`` while fastloader does nothing: other work's share."""
+    meter = CpuMeter()
+    time.sleep(BEFORE_S)
+    return mean(meter.read())
 
 
 def _since(points: list[dict[str, float]], origin: float) -> list[dict[str, float]]:

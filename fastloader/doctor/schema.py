@@ -123,6 +123,7 @@ SCHEMA: dict[str, Any] = {
                     },
                 },
                 "rss_bytes": _COUNT,
+                "busy_before_percent": {"type": ["number", "null"], "minimum": 0, "maximum": 100},
             },
         },
         "gpu": {"type": ["object", "null"]},

@@ -65,6 +65,9 @@ def format_text(report: dict[str, Any]) -> str:
         width = max(len(name) for name in report["fields"])
         lines += [f"  {name:<{width}}  {kind}" for name, kind in report["fields"].items()]
     for sample in report["samples"]:
+        if not sample["fields"]:  # a bare colon read as a cut-off line
+            lines.append(f"{sample['key']} (label {sample['label']}): (no fields)")
+            continue
         lines.append(f"{sample['key']} (label {sample['label']}):")
         width = max([len(name) for name in sample["fields"]] or [0])
         lines += [f"  {name:<{width}}  {value}" for name, value in sample["fields"].items()]

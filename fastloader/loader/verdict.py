@@ -22,6 +22,9 @@ from fastloader.timing import MAIN_STAGES, WORKER_STAGES
 MODERATE, HIGH = 0.05, 0.20
 NOT_BOUND, MODERATELY, HIGHLY = "not input-bound", "moderately input-bound", "highly input-bound"
 BUSY = 0.85  # mean use of the usable cores above which "every core is busy"
+# Mean use of the usable cores by other work, before the loader ran, above which its figures (and
+# num_workers='auto''s trials) say more about the neighbours than about the pipeline.
+NOISY = 0.25
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class Setting:
     # num_workers="auto" measured this number: more workers did not pay in its trials, so advising
     # more would contradict the measurement
     measured_workers: bool = False
+    # mean use of the usable cores, 0..1, just before the loader started (other processes' work): the doctor's
+    # measure of how far its figures can be trusted; None: not measured
+    busy_before: float | None = None
 
 
 @dataclass
@@ -82,20 +88,32 @@ def judge(summary: Mapping[str, Any], setting: Setting) -> Verdict:
         side = WORKER_STAGES if setting.num_workers > 0 else WORKER_STAGES + MAIN_STAGES
     bottleneck = max(side, key=lambda s: cost[s]) if any(cost[s] > 0 for s in side) else None
     share = f"{100 * wait:.0f}%" if wait is not None else "an unknown share"
+    caution = _caution(setting)
     if level == NOT_BOUND:
         return Verdict(
             level,
             wait,
             "step" if wait is not None else bottleneck,
             f"not input-bound: the training loop waits {share} of its time; the step is the limit",
-            ["nothing to do on the input side: the loader keeps up"] if wait is not None else [],
+            (["nothing to do on the input side: the loader keeps up"] if wait is not None else []) + caution,
             capacity,
         )
     where = "in the main process" if bottleneck in MAIN_STAGES else "in the workers"
     text = f"{level}: the training loop waits {share} of its time"
     if bottleneck is not None:
         text += f"; {bottleneck} is the slowest stage ({cost[bottleneck]:.2f} ms/image {where})"
-    return Verdict(level, wait, bottleneck, text, _advice(bottleneck, setting), capacity)
+    return Verdict(level, wait, bottleneck, text, _advice(bottleneck, setting) + caution, capacity)
+
+
+def _caution(setting: Setting) -> list[str]:
+    """Said with any advice when other work kept the cores busy: the figures, and so the advice, may not hold."""
+    if setting.busy_before is None or setting.busy_before <= NOISY:
+        return []
+    measured = ", num_workers='auto''s choice among them," if setting.measured_workers else ""
+    return [
+        f"the machine was busy with other work ({setting.busy_before:.0%} of the usable cores before the run):"
+        f" these figures{measured} may not hold on a quiet machine; measure again when it is idle"
+    ]
 
 
 def _rate(ms_per_image: float) -> float | None:

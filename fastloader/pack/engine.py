@@ -98,7 +98,7 @@ def pack(
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be local or ray, got {engine!r}")
     if engine == "local" and ray_address is not None:
-        raise ValueError("ray_address is for engine='ray' (pass --engine ray)")
+        raise ValueError("--ray-address (ray_address=) is for --engine ray (engine='ray')")
     # The driver holds the lock, whatever the engine; an s3:// DST's is its staging directory's on this machine.
     with destination_lock(staging_dir(S3Url.parse(dst)) if is_remote(dst) else dst, break_lock=break_lock):
         if engine == "ray":

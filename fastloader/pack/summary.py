@@ -81,6 +81,23 @@ class PackSummary:
             lines += [f"    {count:>9,}  {reason}" for reason, count in self.skipped_by_reason().items()]
         return "\n".join(lines)
 
+    def shortfall(self, max_skipped: float) -> str | None:
+        """Why this pack is not a success, or None: it holds nothing, or it skipped more than ``max_skipped``
+        (a share, 0..1) of its source's items. ``fastloader pack`` exits 1 with this; ``pack()`` leaves the
+        judgement to its caller, who has the summary."""
+        where = f" (listed in {self.report_path})" if self.skipped and self.report_path else ""
+        if self.packed == 0:
+            if not self.total:
+                return f"{self.src}: the source holds no images: nothing was packed"
+            return f"nothing was packed: all {self.total:,} items of {self.src} were skipped{where}"
+        share = len(self.skipped) / self.total
+        if share > max_skipped:
+            return (
+                f"{len(self.skipped):,} of {self.total:,} items skipped ({share:.1%}), more than the"
+                f" {max_skipped:.1%} accepted (--max-skipped {max_skipped:g}){where}"
+            )
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         extra = {"packed": self.packed, "images_per_s": self.images_per_s, "by_reason": self.skipped_by_reason()}
         return {**asdict(self), **extra}

@@ -62,7 +62,8 @@ _MAX_PROBLEMS = 10_000  # messages kept; bad_records lists every bad record rega
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`~fastloader.pack.verify`: ``ok`` when ``problems`` is empty."""
+    """The outcome of :func:`~fastloader.pack.verify`: ``ok`` when ``problems`` is empty and records were checked
+    (an empty pack is whole, but nothing to train on: never a success)."""
 
     path: str
     format: str  # "lmdb", "tar" or "parquet"
@@ -73,9 +74,19 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.empty
+
+    @property
+    def empty(self) -> bool:
+        return self.checked == 0 and self.expected == 0
 
     def format_text(self, limit: int = 20) -> str:
+        if self.empty and not self.problems:
+            from fastloader.pack.summary import report_path
+
+            skipped = report_path(self.path)
+            why = f" (its skipped items: {skipped})" if os.path.exists(skipped) else ""
+            return f"FAILED: {self.path} ({self.format}) is empty: it holds no records{why}"
         if self.ok:
             return f"OK: {self.checked:,} records verified in {self.path} ({self.format})"
         lines = [f"FAILED: {len(self.problems):,} problems in {self.path} ({self.checked:,} records checked)"]
@@ -414,7 +425,7 @@ def verify(dst: str | os.PathLike[str], *, progress: bool = False, expect_digest
 
 def _verify(path: str, progress: bool) -> VerifyReport:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such pack")
+        raise FileNotFoundError(f"{path}: the path does not exist")
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
         return _verify_lmdb(path, progress)
     from fastloader.formats.parquet_pack import ParquetPackState

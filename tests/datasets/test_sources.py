@@ -39,5 +39,7 @@ def test_a_source_opens_as_its_kind_and_an_unknown_kind_is_named(folder, tmp_pat
     pack(root, tmp_path / "out.lmdb", workers=0, progress=False)
     packed, kind = open_source(str(tmp_path / "out.lmdb"), "lmdb")
     assert kind == "lmdb" and isinstance(packed, LMDBSource) and len(packed) == len(items)
-    with pytest.raises(ValueError, match="src_format must be auto or one of " + ", ".join(SOURCE_KINDS)):
+    with pytest.raises(
+        ValueError, match="--src-format \\(src_format=\\) must be auto or one of " + ", ".join(SOURCE_KINDS)
+    ):
         open_source(str(root), "zip")

@@ -73,3 +73,29 @@ def test_one_allowed_core_every_core_busy_and_too_many_workers(tmp_path: Path) -
     assert verdict["bottleneck"] == "decode", verdict
     assert "every core is busy" in " ".join(verdict["advice"])
     assert len(result["cpu"]["per_core_percent_mean"]) == 1 and result["cpu"]["per_core_percent_mean"][0] > 80
+
+
+def test_the_doctors_advice_follows_what_auto_measured_in_the_same_run() -> None:
+    """The doctor's report once said num_workers='auto' chose 1 worker, then advised num_workers=2: the verdict
+    did not know the number was measured. Given this run's own stats (auto tried 1 and 2 workers on 2 cores and
+    kept 1), the doctor's verdict must not advise more workers; given the same number set by hand, it may."""
+    from fastloader.doctor.diagnose import doctor_setting
+    from fastloader.loader.verdict import judge
+
+    trials = [{"num_workers": 1, "images_per_s": 100.0, "batches": 8}, {"num_workers": 2, "images_per_s": 104.0}]
+    stats: dict[str, Any] = {
+        "wait_fraction": 0.5,
+        "num_workers": 1,
+        "stages": {"decode": {"per_image_ms": 3.0}, "read": {"per_image_ms": 0.1}},
+        "autotune": {"num_workers": 1, "prefetch_factor": 2, "trials": trials, "seconds": 2.0, "reason": "measured"},
+    }
+    loader = DataLoaderX(dataset(None), batch_size=8, num_workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("fastloader.world.cores_per_rank", lambda: 2)
+        measured = judge(stats, doctor_setting(loader, stats, 0.5, False, busy_before=0.0))
+        by_hand = judge(
+            {**stats, "autotune": None}, doctor_setting(loader, stats | {"autotune": None}, 0.5, False, 0.0)
+        )
+    assert not any("num_workers=2" in advice for advice in measured.advice), measured.advice
+    assert "num_workers='auto' measured that more than 1 worker do not pay" in measured.advice[0]
+    assert "num_workers=2" in by_hand.advice[0], by_hand.advice

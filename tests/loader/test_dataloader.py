@@ -7,6 +7,7 @@ import inspect
 import pickle
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -382,3 +383,13 @@ def test_with_num_workers_0_the_dataset_runs_in_the_loaders_device_context(monke
 
     list(DataLoaderX(Counting(6), batch_size=2, device="cpu", collate_fn=collate))
     assert seen == [("collate", torch.device("cpu"), "fastloader-dataloaderx")] * 3
+
+
+def test_the_default_collate_fn_is_fastloaders_and_the_differences_page_says_so() -> None:
+    """Every argument keeps its attribute, but collate_fn=None does not stay None nor become torch's
+    default_collate: the page listing the differences from torch must name it."""
+    from fastloader.image.batching import collate
+
+    assert DataLoaderX(list(range(4)), batch_size=2, device="cpu").collate_fn is collate
+    page = (Path(__file__).resolve().parents[2] / "docs" / "differences.md").read_text(encoding="utf-8")
+    assert "`loader.collate_fn` is\n  `fastloader.image.batching.collate`, not torch's `default_collate`" in page

@@ -80,3 +80,15 @@ def test_workers_that_auto_measured_are_not_advised_up() -> None:
     assert "num_workers=2" in " ".join(guessed.advice)
     assert "num_workers=2" not in " ".join(measured.advice)
     assert "measured that more than 1 worker do not pay" in measured.advice[0], measured.advice
+
+
+@pytest.mark.parametrize("wait", [0.5, 0.01])
+def test_a_busy_machine_is_said_with_the_advice_a_quiet_one_is_not(wait: float) -> None:
+    """Other work held 60% of the cores before the run: whatever the grade, the advice says its figures may not
+    hold (num_workers='auto''s choice among them); at 10% it says nothing of the kind."""
+    figures = summary(wait, decode=3.0, read=0.1)
+    busy = judge(figures, Setting(1, 2, cores_busy=0.9, measured_workers=True, busy_before=0.6))
+    quiet = judge(figures, Setting(1, 2, cores_busy=0.9, measured_workers=True, busy_before=0.1))
+    assert busy.advice[-1].startswith("the machine was busy with other work (60% of the usable cores before the run)")
+    assert "num_workers='auto''s choice among them" in busy.advice[-1]
+    assert not any("busy with other work" in advice for advice in quiet.advice), quiet.advice

@@ -252,7 +252,7 @@ def test_an_lmdb_and_other_combinations_are_refused_before_any_work(folder: Path
         pack(folder, "s3://bucket/prefix", format="parquet", engine="ray")
     with pytest.raises(ValueError, match="workers is for --engine local"):
         pack(folder, tmp_path / "out", engine="ray", workers=2)
-    with pytest.raises(ValueError, match="ray_address is for engine='ray'"):
+    with pytest.raises(ValueError, match=r"--ray-address \(ray_address=\) is for --engine ray"):
         pack(folder, tmp_path / "out", ray_address="auto")
     with pytest.raises(ValueError, match="engine must be local or ray"):
         pack(folder, tmp_path / "out", engine="spark")
