@@ -35,6 +35,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from fastloader import read_digests
 from fastloader.image.batch_ring import SlotRef, arrived, begin_fetch, pack
 from fastloader.timing import labelled, tally
 from fastloader.torch_internals import pin_memory as _pin_memory
@@ -114,42 +115,48 @@ def _arrived(
 
 class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
-    (and the batch's place ``task`` in its iteration's order, for resume, and its batch ring ``slot``)."""
+    (and the batch's place ``task`` in its iteration's order, for resume, its batch ring ``slot``, and
+    whether the fetch takes the delivery ledger's ``digests``: ``fastloader.read_digests``)."""
 
     task: int | None = None
     slot: SlotRef | None = None
+    digests: bool = False
 
     def __reduce__(self) -> tuple[Callable[..., list[Any]], tuple[Any, ...]]:
-        if self.slot is None:
+        if self.slot is None and not self.digests:
             return _fetch_begins, (list(self), self.task)
-        return _fetch_begins, (list(self), self.task, self.slot)
+        return _fetch_begins, (list(self), self.task, self.slot, self.digests)
 
 
-def stamped(indices: list[Any], task: int | None, slot: SlotRef | None = None) -> StampedIndices:
+def stamped(indices: list[Any], task: int | None, slot: SlotRef | None = None, digests: bool = False) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task, out.slot = task, slot
+    out.task, out.slot, out.digests = task, slot, digests
     return out
 
 
-def _fetch_begins(indices: list[Any], task: int | None = None, slot: SlotRef | None = None) -> list[Any]:
+def _fetch_begins(
+    indices: list[Any], task: int | None = None, slot: SlotRef | None = None, digests: bool = False
+) -> list[Any]:
     start = _TALLY
     start.fetch_start = perf_counter()
     start.task = task
     start.read = start.decode = start.transform = 0.0
     begin_fetch(slot)
+    read_digests.begin(digests)
     return indices  # a plain list: the dataset sees exactly what torch's sampler made
 
 
-def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None) -> Any:
+def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None, digests: bool = False) -> Any:
     """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
-    ``task`` in the iteration's order, and the batch ring ``slot`` it may write): with worker processes the
-    worker marks it on unpickling (see :class:`StampedIndices`); without, the producer thread runs the fetch
-    right after taking the indices, so the mark is made now. Indices that are not a plain list travel as
-    they are (no mark: the caller gives them no slot)."""
+    ``task`` in the iteration's order, the batch ring ``slot`` it may write, and whether its fetch takes
+    digests for the ledger): with worker processes the worker marks it on unpickling (see
+    :class:`StampedIndices`); without, the producer thread runs the fetch right after taking the indices, so
+    the mark is made now. Indices that are not a plain list travel as they are (no mark: the caller gives
+    them no slot, and the ledger no digests)."""
     if not in_workers:
-        _fetch_begins([], task, slot)
+        _fetch_begins([], task, slot, digests)
         return indices
-    return stamped(indices, task, slot) if type(indices) is list else indices
+    return stamped(indices, task, slot, digests) if type(indices) is list else indices
 
 
 class TimedCollate:
