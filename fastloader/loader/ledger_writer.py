@@ -53,6 +53,7 @@ class LedgerWriter:
         self._seen = _Seen(len(dataset) if self.key_of is not None else 0)
         self._others: dict[Any, int] = {}  # sampler keys that are no ints (a dict-like dataset): their ids
         self._lock = threading.Lock()  # one write at a time (another epoch's producer may still be closing)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # as the user named it, e.g. in checkpoints/
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             self._check_or_write_header(world)
