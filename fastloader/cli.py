@@ -1,4 +1,4 @@
-"""The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan``, ``doctor`` and ``bench``.
+"""The ``fastloader`` command line: ``info``, ``pack``, ``verify``, ``scan``, ``doctor``, ``bench`` and ``ledger``.
 
     fastloader info                 what is active: torch, CUDA, PIL flavour, libjpeg, CPUs
     fastloader pack SRC DST         pack images into an LMDB, tar shards or Parquet files (resumable)
@@ -8,9 +8,11 @@
     fastloader scan SRC             decode every image of a dataset and list the bad ones
     fastloader doctor PATH          where the time goes on your data: the slowest stage, and what to do
     fastloader bench PATH           torch's DataLoader against DataLoaderX on your data, as a ratio
+    fastloader ledger diff A B      did two runs' training loops see the same samples (DataLoaderX(ledger=))
+    fastloader ledger show A        a ledger's samples per rank and epoch
 
-Exit status: 0 on success, 1 when the command failed (an error, or ``verify`` found problems),
-2 for bad usage, 130 when interrupted (a pack then resumes when run again).
+Exit status: 0 on success, 1 when the command failed (an error, ``verify`` found problems, or the ledgers
+``ledger diff`` compares differ), 2 for bad usage, 130 when interrupted (a pack then resumes when run again).
 """
 
 from __future__ import annotations
@@ -385,6 +387,55 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ledger_diff(args: argparse.Namespace) -> int:
+    from fastloader.ledger import diff_ledgers, read_ledger
+
+    a, b = read_ledger(args.a), read_ledger(args.b)
+    for side, ledger in (("A", a), ("B", b)):
+        for note in ledger.notes:
+            print(f"fastloader ledger: {side}: {note}", file=sys.stderr)
+    diff = diff_ledgers(a, b)
+    print(diff)
+    return 0 if diff.same else 1
+
+
+def _cmd_ledger_show(args: argparse.Namespace) -> int:
+    from fastloader.ledger import read_ledger, summary
+
+    ledger = read_ledger(args.a)
+    for note in ledger.notes:
+        print(f"fastloader ledger: {note}", file=sys.stderr)
+    for line in summary(ledger):
+        print(line)
+    return 0
+
+
+def _add_ledger(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ledger = commands.add_parser(
+        "ledger",
+        help="compare what two runs' training loops received (DataLoaderX(ledger=PATH))",
+        description="Read the delivery ledgers DataLoaderX(ledger=PATH) writes: per rank and epoch, every sample"
+        " the training loop received, in order, with a digest of its bytes. PATH as given to ledger= (with"
+        " {rank}, or PATH and PATH.rank<r>).",
+    )
+    actions = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
+    diff = actions.add_parser(
+        "diff",
+        help="whether two runs saw the same samples, in the same order, with the same bytes",
+        description="Compare two ledgers rank by rank and epoch by epoch (a resumed run's replayed as the"
+        " training saw it). Exits 0 when they match; 1 naming the rank, epoch, position and kind of the first"
+        " difference (missing, doubled, reordered, other bytes).",
+    )
+    diff.add_argument("a", metavar="A", help="a ledger (the ledger= path of one run)")
+    diff.add_argument("b", metavar="B", help="the ledger to compare it with")
+    diff.set_defaults(run=_cmd_ledger_diff)
+    show = actions.add_parser(
+        "show", help="samples per rank and epoch", description="Print a ledger's samples per rank and epoch."
+    )
+    show.add_argument("a", metavar="A", help="a ledger (the ledger= path of a run)")
+    show.set_defaults(run=_cmd_ledger_show)
+
+
 def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     doctor = commands.add_parser(
@@ -430,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scan(commands)
     _add_doctor(commands)
     _add_bench(commands)
+    _add_ledger(commands)
     verify = commands.add_parser(
         "verify",
         allow_abbrev=False,

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fastloader import read_digests
 from fastloader.datasets.batch_route import whole_batch
 from fastloader.datasets.cache_route import cached_batch, checked_cache, open_cache
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
@@ -263,6 +264,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         """The image of item ``index`` for a transform that does not decode by itself."""
         with timed("read"):
             data = self.source.read(index)
+        read_digests.record(index, data)  # the ledger's digest of the bytes as read (off unless ledger=)
         with timed("decode"):
             return self.decode(data, self.source.key(index))
 
@@ -305,6 +307,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         gpu = self._decode_device != "cpu"
         with timed("read"):
             data = self.source.read(index)
+        read_digests.record(index, data)  # the ledger's digest of the bytes as read (off unless ledger=)
         with timed("decode"):  # fused with the crop and resize; for the GPU, only the header and the plan
             key = self.source.key(index)
             header, plan, decoded = fused.decode_planned(data, key, out, pixels=pixels and not gpu)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fastloader import read_digests
 from fastloader.image.batching import decode_threads
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
@@ -61,8 +62,10 @@ def decode_batch(
         held = 0
         with timed("read"):
             while start + len(blobs) < len(indices) and held < _BATCH_BYTES:
-                blobs.append(source.read(indices[start + len(blobs)]))
+                index = indices[start + len(blobs)]
+                blobs.append(source.read(index))
                 held += len(blobs[-1])
+                read_digests.record(index, blobs[-1])  # the ledger's digest (off unless ledger=)
         end = start + len(blobs)
         keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
         with timed("decode"):

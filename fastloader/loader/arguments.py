@@ -49,6 +49,14 @@ def check_extras(
         check_nonnegative_int(snapshot_every_n_steps, "snapshot_every_n_steps")
 
 
+def check_ledger(ledger: Any) -> None:
+    """ValueError naming ``ledger`` unless it is None or a path."""
+    if ledger is not None and not isinstance(ledger, (str, os.PathLike)):
+        raise ValueError(f"ledger must be None or a path, got {ledger!r}")
+    if ledger is not None and not os.fspath(ledger):
+        raise ValueError("ledger must be None or a path, got an empty one")
+
+
 def collate_for(
     collate_fn: Callable[[list[Any]], Any] | None,
     batch_size: int | None,

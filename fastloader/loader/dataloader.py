@@ -16,13 +16,14 @@ torch's private internals goes through ``fastloader.torch_internals``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from fastloader.loader.arguments import advise_workers, check_extras, collate_for, dataset_for_decode
+from fastloader.loader.arguments import advise_workers, check_extras, check_ledger, collate_for, dataset_for_decode
 from fastloader.loader.autotune import Auto, provisional, tune
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import DeviceLike, resolve_device
@@ -90,6 +91,11 @@ class DataLoaderX(DataLoader[T_co]):
             >= 0 or None) and otherwise without effect: each worker's state travels with every batch it
             makes (the dataset's own ``state_dict`` and the worker's random generators, a few KB), so
             ``state_dict()`` is exact after any batch.
+        ledger: a path: record, per rank and epoch, the key of every sample the training loop receives, in order,
+            with the CRC32C of its encoded bytes as the worker read them (fastloader's datasets), to compare
+            two runs with ``fastloader ledger diff`` (a resumed run against an uninterrupted one). ``{rank}`` in
+            the path is replaced by the rank; without it, several ranks write ``PATH.rank{r}``. A resumed run
+            appends to the same file. See ``fastloader.loader.ledger_writer`` and ``fastloader.ledger``.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -132,8 +138,10 @@ class DataLoaderX(DataLoader[T_co]):
         report_every: int | None = None,
         stall_warning: float | None = 300.0,
         snapshot_every_n_steps: int | None = 1,
+        ledger: str | os.PathLike[str] | None = None,
     ) -> None:
         check_extras(max_prefetch, decode_on, distributed, seed, report_every, stall_warning, snapshot_every_n_steps)
+        check_ledger(ledger)
         num_workers, prefetch_factor = provisional(num_workers, prefetch_factor)
         ours = choose_sampler(
             dataset, shuffle, sampler, batch_sampler, drop_last, distributed, local_rank, seed, generator
@@ -177,6 +185,7 @@ class DataLoaderX(DataLoader[T_co]):
         self.report_every = report_every
         self.stall_warning = stall_warning
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.ledger = ledger
         self._plan = LoaderPlan(
             device=target,
             max_prefetch=max_prefetch,
@@ -187,6 +196,7 @@ class DataLoaderX(DataLoader[T_co]):
             report_every=report_every,
             autotune=isinstance(num_workers, Auto) or isinstance(prefetch_factor, Auto),
             user_batch_sampler=batch_sampler is not None,
+            ledger=None if ledger is None else os.fspath(ledger),
         )
         self._cursor = ResumeCursor(self)  # the epoch and resume state (fastloader.loader.resume)
         self._runtime = LoaderRuntime()  # what the epochs make and keep (fastloader.loader.runtime)

@@ -45,6 +45,8 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
             drop_persistent_iterator(loader)  # their processes hold another run's state: start them anew
     fresh = not cursor.reuses_workers(start)
     progress = cursor.begin(start, fresh)
+    if plan.ledger is not None:
+        progress.ledger = runtime.ledger_epoch(plan.ledger, loader.dataset, progress)
     runtime.start_epoch(plan, workers=loader.num_workers > 0)
     with on_device(plan.device):  # torch's pin-memory thread pins for the current device
         source = DataLoader.__iter__(loader)

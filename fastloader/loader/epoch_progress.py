@@ -20,6 +20,7 @@ from fastloader.loader.worker_state import Delivery, WorkerState
 
 if TYPE_CHECKING:
     from fastloader.loader.dataloader import DataLoaderX
+    from fastloader.loader.ledger_writer import EpochLedger
     from fastloader.loader.resume import ResumeCursor
 
 
@@ -84,6 +85,7 @@ class Progress:
         self.last_worker: int | None = None
         self.sampler_state = plan.sampler
         self._drawn: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
+        self.ledger: EpochLedger | None = None  # ledger=: this iteration's deliveries written (open_epoch sets it)
 
     def drew(self, ordinal: int, state: dict[str, Any]) -> None:
         """The Stateful sampler's state after its batch ``ordinal`` was drawn (main process, ahead of the loop)."""
@@ -124,6 +126,8 @@ class Progress:
             # Before the batch exists: record() counts its samples when the loop receives it.
             self._sizes[ordinal] = _samples_in(indices, indexing.batched)
             if ordinal not in plan.after:
+                if self.ledger is not None:
+                    self.ledger.asked(ordinal, indices)
                 yield ordinal, indices
 
     def _stateful_stream(self, indexing: Indexing) -> Iterator[Any]:
@@ -166,9 +170,10 @@ class EpochIndices:
         ring = self.ring
         if ring is not None:
             ring.epoch_starts()
+        digests = progress.ledger is not None  # the workers take digests of what they read for the ledger
         for ordinal, indices in progress.batches_of(self.inner):
             slot = ring.slot() if ring is not None and type(indices) is list else None
-            yield stamp(indices, ordinal, self.in_workers, slot)
+            yield stamp(indices, ordinal, self.in_workers, slot, digests)
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -31,6 +31,7 @@ PLANNED = frozenset(
         "report_every",
         "stall_warning",
         "snapshot_every_n_steps",
+        "ledger",
     }
 )
 
@@ -48,6 +49,7 @@ class LoaderPlan:
     report_every: int | None  # log the verdict every N batches; None: never
     autotune: bool  # num_workers / prefetch_factor were "auto": measured at the first iter()
     user_batch_sampler: bool  # the user gave the batch sampler (its own state is resumed, not torch's)
+    ledger: str | None = None  # where each rank's training loop's deliveries are recorded (ledger_writer.py)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
     batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
 

@@ -102,10 +102,15 @@ class PrefetchIterator(Iterator[Any]):
                 # by the caller must not keep this epoch (its thread and workers) alive: dropping the
                 # iterator stops them.
                 if progress is not None:
+                    if progress.ledger is not None:
+                        progress.ledger.failed()
                     progress.failed()
                 del self, progress
                 raise
             if progress is not None:
+                if progress.ledger is not None and (delivery is None or not delivery.end):
+                    # ledger=: the training loop receives this batch (where the resume cursor counts it received)
+                    progress.ledger.delivered(*(delivery.task, delivery.digests) if delivery else (None, None))
                 progress.record(delivery)  # here, in the consumer: the producer thread runs ahead
             if delivery is None or not delivery.end:
                 break  # (a worker's end of data comes as a batch-less delivery: its state only)

@@ -3,10 +3,11 @@ besides its resume cursor (``fastloader.loader.resume``).
 
 The plan (``fastloader.loader.plan``) says what the loader does; the runtime holds what doing it needs across
 epochs: the stage clock's totals, the autotune's choice, the side stream's copier and the GPU decoder (made
-at the first ``iter()``, one per loader, never per epoch), the watchdog's stack directory, the CPU meter and
-the epoch being delivered, and the batch ring (``fastloader.loader.batch_slots``: made before the first
-workers start, kept while the batch shape fits). A copy of the loader (pickle, ``copy.deepcopy``) keeps the
-totals and the choice and makes its own stream, decoder, directory, meter and ring.
+at the first ``iter()``, one per loader, never per epoch), the watchdog's stack directory, the CPU meter,
+the epoch being delivered, the delivery ledger's file, and the batch ring (``fastloader.loader.batch_slots``:
+made before the first workers start, kept while the batch shape fits). A copy of the loader (pickle,
+``copy.deepcopy``) keeps the totals and the choice and makes its own stream, decoder, directory, meter, ring
+and ledger file.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from fastloader.loader.watchdog import StackDir
 if TYPE_CHECKING:
     from fastloader.loader.batch_slots import LoaderRing
     from fastloader.loader.cpu_use import CpuMeter
+    from fastloader.loader.epoch_progress import Progress
+    from fastloader.loader.ledger_writer import EpochLedger, LedgerWriter
     from fastloader.loader.prefetch_iterator import PrefetchIterator
 
 
@@ -40,6 +43,7 @@ class LoaderRuntime:
         self.copier: CudaCopier | None = None  # one side stream per loader, made on the first iter()
         self.decoder: GpuDecoder | None = None  # decode_on="cuda": made with the copier
         self.ring: LoaderRing | None = None  # the batch ring, made by the first iterator that can use one
+        self.ledger: LedgerWriter | None = None  # ledger=: this rank's file, opened at the first iter()
         self._live: weakref.ref[PrefetchIterator] | None = None  # the epoch being delivered
 
     def start_epoch(self, plan: LoaderPlan, workers: bool) -> None:
@@ -62,6 +66,16 @@ class LoaderRuntime:
             self.copier = CudaCopier(plan.device, plan.non_blocking, self.decoder, finish)
         return self.copier
 
+    def ledger_epoch(self, path: str, dataset: Any, progress: Progress) -> EpochLedger:
+        """An iteration's side of the ledger (``fastloader.loader.ledger_writer``), its beginning written: the
+        epoch, and where a loaded state resumes it (samples; batches for an IterableDataset)."""
+        from fastloader.loader.ledger_writer import EpochLedger, LedgerWriter
+
+        if self.ledger is None:
+            self.ledger = LedgerWriter(path, dataset)
+        plan = progress.plan
+        return EpochLedger(self.ledger, plan.epoch, plan.before if self.ledger.iterable else plan.samples_before)
+
     def deliver(self, iterator: PrefetchIterator) -> None:
         self._live = weakref.ref(iterator)
 
@@ -75,4 +89,5 @@ class LoaderRuntime:
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
         state.update(copier=None, decoder=None, _live=None, cpu_meter=None, stack_dir=None, report_mark=None, ring=None)
+        state.update(ledger=None)
         return state

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from fastloader import read_digests
 from fastloader.image.batch_ring import SlotRef, arrived, begin_fetch, pack
 from fastloader.timing import labelled, tally
 from fastloader.torch_internals import pin_memory as _pin_memory
@@ -117,23 +118,29 @@ def _arrived(
 
 class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
-    (and the batch's place ``task`` in its iteration's order, for resume, and its batch ring ``slot``).
-    ``rebuild`` turns it back into the type the batch sampler made (a tuple, a numpy array, a tensor): the
-    dataset sees exactly what it would see in torch's loader."""
+    (and the batch's place ``task`` in its iteration's order, for resume, its batch ring ``slot``, and
+    whether the fetch takes the delivery ledger's ``digests``: ``fastloader.read_digests``). ``rebuild``
+    turns it back into the type the batch sampler made (a tuple, a numpy array, a tensor): the dataset sees
+    exactly what it would see in torch's loader."""
 
     task: int | None = None
     slot: SlotRef | None = None
+    digests: bool = False
     rebuild: Callable[[list[Any]], Any] | None = None
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _fetch_begins, (list(self), self.task, self.slot, self.rebuild)
+        return _fetch_begins, (list(self), self.task, self.slot, self.digests, self.rebuild)
 
 
 def stamped(
-    indices: list[Any], task: int | None, slot: SlotRef | None = None, rebuild: Callable[[list[Any]], Any] | None = None
+    indices: list[Any],
+    task: int | None,
+    slot: SlotRef | None = None,
+    digests: bool = False,
+    rebuild: Callable[[list[Any]], Any] | None = None,
 ) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task, out.slot, out.rebuild = task, slot, rebuild
+    out.task, out.slot, out.digests, out.rebuild = task, slot, digests, rebuild
     return out
 
 
@@ -141,6 +148,7 @@ def _fetch_begins(
     indices: list[Any],
     task: int | None = None,
     slot: SlotRef | None = None,
+    digests: bool = False,
     rebuild: Callable[[list[Any]], Any] | None = None,
 ) -> Any:
     start = _TALLY
@@ -148,28 +156,30 @@ def _fetch_begins(
     start.task = task
     start.read = start.decode = start.transform = 0.0
     begin_fetch(slot)
+    read_digests.begin(digests)
     # What torch's sampler made: a plain list, or the batch sampler's own tuple / array / tensor.
     return indices if rebuild is None else rebuild(indices)
 
 
-def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None) -> Any:
+def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None, digests: bool = False) -> Any:
     """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
-    ``task`` in the iteration's order, and the batch ring ``slot`` it may write): with worker processes the
-    worker marks it on unpickling (see :class:`StampedIndices`); without, the producer thread runs the fetch
-    right after taking the indices, so the mark is made now. A batch sampler's tuple, 1-D numpy array or
-    tensor travels as a list marked to be rebuilt in the worker; any other kind of batch travels as it is
-    (no mark: the caller gives it no slot)."""
+    ``task`` in the iteration's order, the batch ring ``slot`` it may write, and whether its fetch takes
+    digests for the ledger): with worker processes the worker marks it on unpickling (see
+    :class:`StampedIndices`); without, the producer thread runs the fetch right after taking the indices, so
+    the mark is made now. A batch sampler's tuple, 1-D numpy array or tensor travels as a list marked to be
+    rebuilt in the worker; any other kind of batch travels as it is (no mark: the caller gives it no slot,
+    and the ledger no digests)."""
     if not in_workers:
-        _fetch_begins([], task, slot)
+        _fetch_begins([], task, slot, digests)
         return indices
     if type(indices) is list:
-        return stamped(indices, task, slot)
+        return stamped(indices, task, slot, digests)
     rebuild = _rebuilder(indices)
     if rebuild is None:
         return indices
     # An array's or tensor's items travel as Python ints (a tensor's would each go through shared memory).
     items = indices.tolist() if isinstance(indices, np.ndarray | torch.Tensor) else list(indices)
-    return stamped(items, task, slot, rebuild)
+    return stamped(items, task, slot, digests, rebuild)
 
 
 def _rebuilder(indices: Any) -> Callable[[list[Any]], Any] | None:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastloader import read_digests
 from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader import rng_states
@@ -67,6 +68,9 @@ class Delivery:
     iterator: Any = None
     rng: RngState | None = None
     end: bool = False
+    # The delivery ledger's (ledger=): the (index, CRC32C) of each sample whose encoded bytes the dataset read
+    # for this batch (``fastloader.read_digests``); None: none taken. Not part of the worker's state.
+    digests: Any = None
 
     def worker_state(self) -> dict[str, Any]:
         return {"batches": self.batches, "dataset": self.dataset, "iterator": self.iterator, "rng": self.rng}
@@ -163,7 +167,7 @@ class StatefulFetcher:
             slot = self._fetch_ended()
         self.batches += 1
         counted = tally()
-        delivery = self._delivery(counted.task)
+        delivery = self._delivery(counted.task, read_digests.take())
         counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
         batch = data if isinstance(data, TimedBatch) else TimedBatch(data, None)
         batch.state, batch.ring = delivery, slot
@@ -198,7 +202,7 @@ class StatefulFetcher:
             except StopIteration:
                 return
 
-    def _delivery(self, task: int | None) -> Delivery:
+    def _delivery(self, task: int | None, digests: Any = None) -> Delivery:
         iterator = getattr(self.inner, "dataset_iter", None)
         own = iterator is None or iterator is not self.dataset
         return Delivery(
@@ -209,6 +213,7 @@ class StatefulFetcher:
             dataset=copy.deepcopy(self.dataset.state_dict()) if own and stateful(self.dataset) else None,
             iterator=copy.deepcopy(iterator.state_dict()) if iterator is not None and stateful(iterator) else None,
             rng=rng_states.capture() if self.in_worker else None,
+            digests=digests,
         )
 
     def __getattr__(self, name: str) -> Any:

@@ -167,6 +167,7 @@ def test_signature_is_torchs_plus_keyword_only_extras() -> None:
         "report_every",
         "stall_warning",
         "snapshot_every_n_steps",
+        "ledger",
     }
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras.values())
 
