@@ -413,6 +413,7 @@ def _cmd_ledger_show(args: argparse.Namespace) -> int:
 def _add_ledger(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ledger = commands.add_parser(
         "ledger",
+        allow_abbrev=False,
         help="compare what two runs' training loops received (DataLoaderX(ledger=PATH))",
         description="Read the delivery ledgers DataLoaderX(ledger=PATH) writes: per rank and epoch, every sample"
         " the training loop received, in order, with a digest of its bytes. PATH as given to ledger= (with"
@@ -421,6 +422,7 @@ def _add_ledger(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     actions = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
     diff = actions.add_parser(
         "diff",
+        allow_abbrev=False,
         help="whether two runs saw the same samples, in the same order, with the same bytes",
         description="Compare two ledgers rank by rank and epoch by epoch (a resumed run's replayed as the"
         " training saw it). Exits 0 when they match; 1 naming the rank, epoch, position and kind of the first"
@@ -430,7 +432,10 @@ def _add_ledger(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     diff.add_argument("b", metavar="B", help="the ledger to compare it with")
     diff.set_defaults(run=_cmd_ledger_diff)
     show = actions.add_parser(
-        "show", help="samples per rank and epoch", description="Print a ledger's samples per rank and epoch."
+        "show",
+        allow_abbrev=False,
+        help="samples per rank and epoch",
+        description="Print a ledger's samples per rank and epoch.",
     )
     show.add_argument("a", metavar="A", help="a ledger (the ledger= path of a run)")
     show.set_defaults(run=_cmd_ledger_show)
@@ -502,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=_cmd_verify)
     digest = commands.add_parser(
         "digest",
+        allow_abbrev=False,
         help="print a pack's content digest: a SHA-256 of every record's key, label, image and fields, in order",
     )
     digest.add_argument("dst", metavar="PACK", help="the pack (LMDB, tar shards or Parquet)")

@@ -29,6 +29,8 @@ def check_bounds(index: IndexFile, source: str, folder: bool) -> None:
     root ``source`` (a folder's real path), or does not watch ``source`` (a folder or a list file)."""
     blob, offsets = index.arrays["watched"], index.arrays["watched_offsets"]
     watched = [string_at(blob, offsets, i) for i in range(len(offsets) - 1)]
+    if any("\x00" in path for path in watched):  # no path holds one (os.path would raise ValueError on it)
+        raise FormatError(f"{index.path}: the index watches a path with a NUL byte")
     if folder:
         _check_watched_tree(index, source, watched)
         _check_keys(index)

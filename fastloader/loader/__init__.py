@@ -8,4 +8,4 @@ device, and :class:`~fastloader.BackgroundGenerator`, any iterable prefetched in
 from fastloader.loader.background import BackgroundGenerator
 from fastloader.loader.dataloader import DataLoaderX
 
-__all__ = ["DataLoaderX", "BackgroundGenerator"]  # the API page lists them in this order
+__all__ = ["BackgroundGenerator", "DataLoaderX"]
