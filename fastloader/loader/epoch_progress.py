@@ -35,7 +35,11 @@ class Plan:
     before: int = 0  # IterableDataset, Stateful sampler: batches the loop received this epoch before the resume
     samples_before: int = 0  # samples this rank's loop received this epoch before the resume
     after: frozenset[int] = frozenset()  # batches (from the start) received before, out of order: left out
-    rng: torch.Tensor | None = None  # the ordering generator's state when the epoch began
+    # The ordering generator's state right before the sampler draws the epoch's order (after the workers' base
+    # seed, which torch draws first from the loader's generator when it makes a new iterator). States saved
+    # before version 5 hold its state before that draw (``rng_at_sampler`` False).
+    rng: torch.Tensor | None = None
+    rng_at_sampler: bool = True
     seed: int | None = None  # TorchRandomSampler's seed for the epoch
     base_seed: int | None = None  # the workers' base seed; None: torch draws it
     sampler: dict[str, Any] | None = None  # a Stateful sampler's {"sampler", "iterator"} states
@@ -74,6 +78,9 @@ class Progress:
         self.rng, self.seed = rng, seed
         self.base_seed = plan.base_seed
         self.next_rng = plan.next_rng
+        # torch's draw of the base seed goes to a generator of its own: the ordering generator is at the
+        # sampler's draw already (a loaded state's, on a new iterator; ``fastloader.loader.torch_iter``).
+        self.base_draw_aside = False
         self.batches = 0  # batches the loop received (or that raised) in this iteration
         self.done = False  # StopIteration reached (or the loop ended the iteration: ResumeCursor.end_loaded)
         self.drawn = False  # the index stream began: the sampler drew the epoch's order

@@ -160,9 +160,12 @@ class ResumeCursor:
     def begin(self, plan: Plan, fresh: bool) -> Progress:
         """Before torch's iterator exists: put back (or record) what decides the order, fix the seeds."""
         generator = ordering_generator(self.loader)
+        aside = False
         if plan.rng is not None and generator is not None:
             generator.set_state(plan.rng)
-        rng = generator.get_state() if generator is not None else None
+            # The state is at the sampler's draw: on a new iterator torch's base seed is drawn elsewhere.
+            aside = fresh and plan.rng_at_sampler and generator is self.loader.generator
+        rng = self._at_sampler(generator, fresh and not aside)
         if plan.next_rng is None:  # the epoch's draws are still to come: say what they will be
             plan = self._with_draws(plan, fresh)
         elif plan.loaded is not None:
@@ -176,6 +179,7 @@ class ResumeCursor:
             loaded = plan.loaded.get("dataset") if plan.loaded is not None else None
             library.start_epoch(plan.epoch, loaded, self.loader.batch_size or 1, int(self.loader.num_workers))
         progress = Progress(plan, rng, plan.seed, Indexing.of(self.loader))
+        progress.base_draw_aside = aside
         self.pending, self.current = None, progress
         self.sampler_epoch_at_iter = sampler_epoch(self.loader)
         return progress
@@ -261,12 +265,25 @@ class ResumeCursor:
             workers = {key: {**state, "batches": 0, "iterator": None} for key, state in progress.workers.items()}
         return Plan(progress.plan.epoch + 1, workers=workers)
 
+    def _at_sampler(self, generator: torch.Generator | None, base_first: bool) -> torch.Tensor | None:
+        """The ordering generator's state when the sampler will draw: after torch's draw of the workers' base
+        seed from it (``base_first``: a new iterator, the loader's generator ordering the epoch), else now."""
+        if generator is None:
+            return None
+        if not (base_first and generator is self.loader.generator):
+            return generator.get_state()
+        after = torch.Generator()
+        after.set_state(generator.get_state())
+        _draw(after)
+        return after.get_state()
+
     def _pinned(self, plan: Plan) -> Plan:
         generator = ordering_generator(self.loader)
-        pinned = self._with_draws(plan, fresh=not self.reuses_workers(plan))
+        fresh = not self.reuses_workers(plan)
+        pinned = self._with_draws(plan, fresh=fresh)
         return dataclasses.replace(
             pinned,
-            rng=generator.get_state() if generator is not None else None,
+            rng=self._at_sampler(generator, fresh),
             base_seed=pinned.base_seed if pinned.base_seed is not None else self._next_base_seed(plan),
         )
 

@@ -104,6 +104,7 @@ def place(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
     fields.update(_workers(loader, values))
     if ordering_generator(loader) is not None:
         fields["rng"] = values["rng"]
+        fields["rng_at_sampler"] = values["version"] >= 5
     world = values["world_size"]
     saved = values["batch_size"]
     unit = saved if saved is not None else (loader.batch_size or 1)

@@ -12,6 +12,7 @@ import copy
 import functools
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import IterableDataset
 
 from fastloader.loader.batch_slots import ring_dispatch
@@ -64,6 +65,9 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     handle = ring.ring.handle() if ring is not None and workers else None
     policy = restart_policy(loader)  # dead workers restarted (fastloader.loader.worker_restart)
     marks = FetchMarks(loader.num_workers) if policy is not None else None
+    overrides: dict[str, Any] = {}
+    if progress.base_draw_aside:  # the loader's generator is at the sampler's draw (ResumeCursor.begin)
+        overrides["generator"] = torch.Generator()
     view = LoaderView(
         loader,
         EpochIndices(cursor, index_sampler(loader), in_workers=workers, ring=ring),
@@ -71,6 +75,7 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn, handle, marks)
         if workers
         else init_fn,
+        **overrides,
     )
     if workers:
         loader.check_worker_number_rationality()

@@ -129,6 +129,7 @@ class StatefulFetcher:
         self.iterable = isinstance(dataset, IterableDataset)
         self.batches = 0
         self.skip = 0
+        self.rng_after_skip: RngState | None = None
         self.end_sent = False
         if restore is not None:
             self._restore(restore)
@@ -139,10 +140,12 @@ class StatefulFetcher:
             iterator.load_state_dict(restore["iterator"])
         self.batches = int(restore.get("batches", 0))
         kept = restore.get("iterator") is not None or restore.get("dataset") is not None
+        rng = restore.get("rng") if self.in_worker else None
         if self.iterable and not kept and self.batches > 0:
             self.skip = self.batches  # nothing says where the dataset was: make its batches again, unsent
-        elif restore.get("rng") is not None and self.in_worker:
-            rng_states.restore(restore["rng"])
+            self.rng_after_skip = rng  # then the generators as they were after the last of them
+        elif rng is not None:
+            rng_states.restore(rng)
 
     def fetch(self, index: Any) -> Any:
         if self.later is not None:
@@ -200,7 +203,12 @@ class StatefulFetcher:
             try:
                 self.inner.fetch(index)
             except StopIteration:
-                return
+                break
+        # The batches made again drew from the generators as a fresh worker's seeds left them; the next ones
+        # draw as the interrupted worker's did (persistent workers in a later epoch began from other states).
+        if self.rng_after_skip is not None:
+            rng_states.restore(self.rng_after_skip)
+            self.rng_after_skip = None
 
     def _delivery(self, task: int | None, digests: Any = None) -> Delivery:
         iterator = getattr(self.inner, "dataset_iter", None)
