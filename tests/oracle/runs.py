@@ -144,9 +144,7 @@ def set_epoch(loader: Any, epoch: int) -> None:
 Hook = Callable[[Any, int, int], None]  # (iterator, epoch, batch received)
 
 
-def epochs(
-    case: Case, loader: Any, first: int = 0, hook: Hook | None = None, received: int = 0
-) -> list[list[Record]]:
+def epochs(case: Case, loader: Any, first: int = 0, hook: Hook | None = None, received: int = 0) -> list[list[Record]]:
     """The case's loop from epoch ``first``: each epoch's records (cut short as the case says; ``received``:
     batches of the first epoch the loop had before, which count towards its cut)."""
     out = []
