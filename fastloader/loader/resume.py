@@ -260,9 +260,15 @@ class ResumeCursor:
         """The next epoch's start: the workers' state goes on only where their processes would have."""
         loader = self.loader
         keeps = loader.num_workers == 0 or loader.persistent_workers
+        # An IterableDataset's state at the end of its data says "ran out": the next epoch begins, as torch's
+        # persistent worker begins it, with a new iter() of the dataset, never by loading that end (a worker
+        # resumed there before its first batch of the epoch would deliver nothing). Its generators go on.
+        ended = {"dataset": None} if isinstance(loader.dataset, IterableDataset) else {}
         workers = {}
         if keeps:
-            workers = {key: {**state, "batches": 0, "iterator": None} for key, state in progress.workers.items()}
+            workers = {
+                key: {**state, "batches": 0, "iterator": None, **ended} for key, state in progress.workers.items()
+            }
         return Plan(progress.plan.epoch + 1, workers=workers)
 
     def _at_sampler(self, generator: torch.Generator | None, base_first: bool) -> torch.Tensor | None:
