@@ -108,7 +108,9 @@ class ReadByTheLoader(tud.BatchSampler):
         return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
-        raise ValueError(SKIP_REFUSED)
+        # Code other than accelerate's skip_first_batches may iterate it (a callback inspecting the order, a
+        # length check): the message says what was done before why.
+        raise ValueError(f"the batch sampler of a prepared loader (loader.batch_sampler) was iterated: {SKIP_REFUSED}")
 
 
 class _RefusedElsewhere:
@@ -118,7 +120,7 @@ class _RefusedElsewhere:
         self.collate = collate
 
     def __call__(self, batch: Any) -> Any:
-        raise ValueError(SKIP_REFUSED)
+        raise ValueError(f"the collate_fn of a prepared loader (loader.collate_fn) was called: {SKIP_REFUSED}")
 
 
 @dataclasses.dataclass

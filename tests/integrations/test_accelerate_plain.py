@@ -182,3 +182,8 @@ def test_the_batch_sampler_handed_out_reads_and_sets_but_does_not_iterate() -> N
         ValueError, match=r"skip_first_batches.*Call loader\.skip_first_batches\(n\) \(the loader's own method\)"
     ):
         iter(handed)
+    # code that is not accelerate's skip_first_batches (a callback listing the order) is told what it did
+    with pytest.raises(
+        ValueError, match=r"^the batch sampler of a prepared loader \(loader\.batch_sampler\) was iterated"
+    ):
+        list(handed)
