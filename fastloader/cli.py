@@ -57,6 +57,11 @@ DEFAULT_MAX_SKIPPED = 0.1
 
 # One --root for every command that reads a source: the base of the relative paths it names.
 _ROOT_HELP = "base directory of relative paths: a file list's, or a Parquet file's images stored by path"
+# For data you did not make: its links, ../ and absolute paths could point the reader at any file you can read.
+_CONFINE_HELP = (
+    "read nothing from outside the folder or the file list's root: a sample whose real path (symbolic links"
+    " resolved) leaves it is skipped, named with where it points"
+)
 
 
 # argparse names a type function in its message when it raises ValueError ("invalid _positive value"):
@@ -120,6 +125,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         src_format=args.src_format,
         root=args.root,
+        confine=args.confine,
         shard_size=args.shard_size,
         commit_every=args.commit_every,
         engine=args.engine,
@@ -174,6 +180,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         src_format=args.src_format,
         root=args.root,
+        confine=args.confine,
     )
     if args.json:
         print(json.dumps({**asdict(report), "by_reason": report.by_reason()}, indent=2))
@@ -250,6 +257,7 @@ def _add_scan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     scan.add_argument("--workers", type=_non_negative, metavar="N", help="reader processes (default: usable cores)")
     scan.add_argument("--src-format", default="auto", choices=("auto", *SOURCE_KINDS), help="how to read SRC")
     scan.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    scan.add_argument("--confine", action="store_true", help=_CONFINE_HELP)
     scan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     scan.add_argument("--json", action="store_true", help="print the report as JSON")
     scan.set_defaults(run=_cmd_scan)
@@ -297,6 +305,7 @@ def _add_pack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     pack.add_argument("--src-format", choices=("auto", *SOURCE_KINDS), default="auto", help="how to read SRC")
     pack.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    pack.add_argument("--confine", action="store_true", help=_CONFINE_HELP)
     pack.add_argument(
         "--shard-size", type=_positive, default=10000, metavar="N", help="images per tar shard or Parquet file"
     )

@@ -13,7 +13,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
   :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
   body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress);
 * images a dataset names by path (a Hugging Face ``Image`` stored as ``{bytes: null, path}`` in Parquet):
-  :class:`ImagePathError`;
+  :class:`ImagePathError`; a sample leading outside its folder's or list's root under ``confine=True``:
+  :class:`OutsideRoot`;
 * the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination);
 * GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device).
 
@@ -49,6 +50,11 @@ class TooManyBadSamples(FastloaderError, RuntimeError):
 class ImagePathError(FastloaderError, OSError):
     """An image a row names by path cannot be read (missing, not a regular file, not readable, not a local
     path): the message names the row (its file and position) and the path, as stored and as looked for."""
+
+
+class OutsideRoot(FastloaderError, PermissionError):
+    """A sample whose real path (its symbolic links resolved) lies outside its source's root, read under
+    ``confine=True``: the message names the sample's key, the root and where the key points."""
 
 
 class DestinationLocked(FastloaderError, RuntimeError):

@@ -78,6 +78,7 @@ ERRORS = (
     "JpegDecoderUnavailable",
     "MissingField",
     "ObjectChanged",
+    "OutsideRoot",
     "RemoteError",
     "TooManyBadSamples",
     "TruncatedBody",

@@ -36,6 +36,7 @@ from typing import Any, overload
 import numpy as np
 
 from fastloader.datasets.base import ImageDataset, check_index
+from fastloader.datasets.confine import check_inside, outside, real_root
 from fastloader.datasets.file_list_index import parse_file_list
 from fastloader.datasets.folder_index import (
     FOLDER_KIND,
@@ -96,8 +97,12 @@ class _IndexedFiles:
 
     root: str
     index_path: str
+    confine: bool = False
+    _inside: str = ""
 
-    def _attach(self, index: IndexFile, kind: str) -> None:
+    def _attach(self, index: IndexFile, kind: str, confine: bool) -> None:
+        self.confine = confine
+        self._inside = real_root(self.root)  # resolved once: a root that is itself a link is the user's own
         samples_digest = IndexMeta.of(index).samples_digest
         self._length = len(index.arrays["key_offsets"]) - 1
         self._entries = ProcessLocal(functools.partial(_open_entries, self.index_path, kind, samples_digest))
@@ -115,6 +120,17 @@ class _IndexedFiles:
         """The absolute path of item ``index``."""
         return os.path.join(self.root, self.key(index))
 
+    def outside(self, index: int) -> str | None:
+        """Item ``index``'s real path when it lies outside the root (a symbolic link, ``../``, an absolute
+        path in a list), else None: what ``pack`` and ``scan`` count, and ``confine`` refuses."""
+        return outside(self.path(index), self._inside)
+
+    def check_confined(self, index: int) -> None:
+        """Under ``confine``, raise :class:`~fastloader.errors.OutsideRoot` naming item ``index`` when it
+        leads outside the root (see ``fastloader.datasets.confine``); else nothing, at no cost."""
+        if self.confine:
+            check_inside(self.key(index), self.path(index), self._inside)
+
     def label(self, index: int) -> int:
         return int(self._entries.get().labels[check_index(index, self._length)])
 
@@ -128,6 +144,7 @@ class _IndexedFiles:
         is missing or was modified less than ``RACY_NS`` ago: an edit within the same clock tick would keep
         the mtime (see ``folder_index``)."""
         try:
+            self.check_confined(index)  # no identity for what confine refuses: the read that follows says why
             found = os.stat(self.path(index))
         except (OSError, ValueError):  # the read that follows names the error
             return None
@@ -139,11 +156,12 @@ class _IndexedFiles:
     def read(self, index: int) -> bytes:
         path = self.path(index)
         try:
+            self.check_confined(index)
             return read_regular_file(path)  # a FIFO or a device in a file list: an error naming it, not a hang
         except ValueError:  # a NUL byte: no file is named so (a corrupt index, or list)
             raise FormatError(f"{path!r} is not a file name (listed in {self.index_path})") from None
         except OSError as error:
-            if error.errno is None:
+            if error.errno is None:  # OutsideRoot among them: its message names the sample already
                 raise
             # Name the index too: the file was there when it was built (or the list is wrong).
             raise type(error)(error.errno, f"{error.strerror} (listed in {self.index_path})", path) from None
@@ -155,6 +173,7 @@ class FolderSource(_IndexedFiles):
     ``key(i)`` is the path relative to ``root``; labels are class positions in sorted ``classes``.
     The index is read from ``index_path`` (default: beside ``root``, see ``folder_index``) and
     rebuilt when the tree changed or ``rebuild=True``; ``scan_workers`` threads scan and check it.
+    ``confine``: refuse to read a sample whose real path leaves ``root`` (``fastloader.datasets.confine``).
     """
 
     def __init__(
@@ -166,6 +185,7 @@ class FolderSource(_IndexedFiles):
         index_path: PathLike | None = None,
         rebuild: bool = False,
         scan_workers: int | None = None,
+        confine: bool = False,
     ) -> None:
         scan_root = os.path.expanduser(os.fspath(root))
         if not os.path.isdir(scan_root):
@@ -188,7 +208,7 @@ class FolderSource(_IndexedFiles):
             if is_valid_file is None:
                 message += f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}"
             raise FileNotFoundError(f"{self.root}: {message}")
-        self._attach(index, FOLDER_KIND)
+        self._attach(index, FOLDER_KIND, confine)
 
 
 class FileListSource(_IndexedFiles):
@@ -210,7 +230,8 @@ class FileListSource(_IndexedFiles):
     per-sample Python objects. Relative paths are joined to ``root`` (default: the list file's
     directory). ``classes``, when given, names the integer labels (each must be a valid position in
     it). Missing image files are reported when read, naming the path; the list is not checked file
-    by file at construction.
+    by file at construction. ``confine``: refuse to read an entry whose real path leaves ``root``
+    (``../``, an absolute path, a symbolic link: see ``fastloader.datasets.confine``).
     """
 
     def __init__(
@@ -221,6 +242,7 @@ class FileListSource(_IndexedFiles):
         classes: Sequence[str] | None = None,
         index_path: PathLike | None = None,
         rebuild: bool = False,
+        confine: bool = False,
     ) -> None:
         self.list_path = os.path.abspath(os.path.expanduser(os.fspath(list_path)))
         if not os.path.isfile(self.list_path):
@@ -244,7 +266,7 @@ class FileListSource(_IndexedFiles):
         self.fields: tuple[str, ...] = meta.fields
         self._label_column = meta.label_column
         self._field_numbers = {name: number for number, name in enumerate(self.fields)}
-        self._attach(index, LIST_KIND)
+        self._attach(index, LIST_KIND, confine)
 
     def field_kinds(self) -> dict[str, str]:
         """The list's text columns (``{}`` for ``path label`` lines)."""
@@ -304,6 +326,7 @@ class _PathDataset(ImageDataset[Any]):
     decodes each image instead of fastloader's decode of the file's bytes."""
 
     loader: Callable[[str], Any] | None
+    source: _IndexedFiles
 
     @property
     def samples(self) -> SampleView:
@@ -313,6 +336,7 @@ class _PathDataset(ImageDataset[Any]):
         if self.loader is None:
             return super()._image(index)
         path = self.samples[index][0]
+        self.source.check_confined(index)  # the user's loader follows links as any open does
         check_regular_file(path)  # the user's loader would open a FIFO blindly, and wait forever
         with timed("decode"):  # the user's loader reads and decodes in one call
             return self.loader(path)
@@ -325,7 +349,9 @@ class ImageFolder(_PathDataset):
     """A drop-in for ``torchvision.datasets.ImageFolder`` over a persisted index (see module docstring).
 
     Extras, keyword-only: ``index_path`` (where the index lives), ``rebuild`` (rescan even if the
-    index looks current), ``scan_workers`` (threads scanning the class directories).
+    index looks current), ``scan_workers`` (threads scanning the class directories), ``confine``
+    (refuse a sample whose real path, its symbolic links resolved, leaves ``root``: an
+    :class:`~fastloader.errors.OutsideRoot` naming it when read, one bad sample under the error policy).
     """
 
     source: FolderSource
@@ -342,6 +368,7 @@ class ImageFolder(_PathDataset):
         index_path: PathLike | None = None,
         rebuild: bool = False,
         scan_workers: int | None = None,
+        confine: bool = False,
     ) -> None:
         source = FolderSource(
             root,
@@ -350,6 +377,7 @@ class ImageFolder(_PathDataset):
             index_path=index_path,
             rebuild=rebuild,
             scan_workers=scan_workers,
+            confine=confine,
         )
         super().__init__(source, transform, target_transform)
         self.root = os.path.expanduser(root) if isinstance(root, str) else root
@@ -382,7 +410,8 @@ class FileListDataset(_PathDataset):
     ``loader``: None decodes the file's bytes to RGB; a callable is called as ``loader(path)``.
     ``fields``: samples with more than a label, the text columns of a ``.csv`` / ``.tsv`` by their
     header names (``fields=("image", "caption")``: tuple items; a mapping: dict items; see
-    ``fastloader.fields``).
+    ``fastloader.fields``). ``confine``: refuse an entry whose real path leaves ``root`` (``../``, an
+    absolute path, a symbolic link): an :class:`~fastloader.errors.OutsideRoot` naming it when read.
     """
 
     source: FileListSource
@@ -399,8 +428,11 @@ class FileListDataset(_PathDataset):
         index_path: PathLike | None = None,
         rebuild: bool = False,
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
+        confine: bool = False,
     ) -> None:
-        source = FileListSource(list_path, root, classes=classes, index_path=index_path, rebuild=rebuild)
+        source = FileListSource(
+            list_path, root, classes=classes, index_path=index_path, rebuild=rebuild, confine=confine
+        )
         super().__init__(source, transform, target_transform, fields=fields)
         self.root = source.root
         self.loader = loader  # called as loader(path); None: decode the file's bytes

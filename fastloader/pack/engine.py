@@ -57,6 +57,7 @@ def pack(
     progress: bool = True,
     src_format: str = "auto",
     root: str | None = None,
+    confine: bool = False,
     shard_size: int = 10000,
     commit_every: int = DEFAULT_COMMIT_EVERY,
     map_size: int = DEFAULT_MAP_SIZE,
@@ -70,7 +71,10 @@ def pack(
     ``s3://bucket/prefix`` (tar shards, uploaded: see ``fastloader.pack.remote``). ``workers``: reader processes
     (default: the usable cores; 0 reads in this process). ``src_format``: how to read a path (default:
     guessed, see ``fastloader.datasets.sources.detect_source_kind()``); ``root``: the base of a file list's
-    relative paths, or of those of the images a Parquet file names by path. ``commit_every`` / ``map_size``:
+    relative paths, or of those of the images a Parquet file names by path. ``confine``: pack nothing from
+    outside a folder's or a file list's root (a sample whose real path, symbolic links resolved, leaves it is
+    skipped, listed with where it points; see ``fastloader.datasets.confine``); without it the summary counts
+    the samples read from outside and names one. ``commit_every`` / ``map_size``:
     LMDB images per transaction / initial map size (it grows by itself). A progress bar goes to stderr when
     ``progress``.
 
@@ -84,6 +88,8 @@ def pack(
     ``fastloader.pack.dest_lock``). A ``dst`` that is ``src``, is inside it or holds it is a ValueError.
     """
     dst = os.fspath(dst)
+    if confine and isinstance(src, Source) and not getattr(src, "confine", False):
+        raise ValueError("confine=True applies to a path: a Source given as an object is read as it was opened")
     check_apart(src, dst)
     # What every engine takes; each adds its own (LMDB's commit_every and map_size, Ray's address).
     common: dict[str, Any] = {
@@ -93,6 +99,7 @@ def pack(
         "progress": progress,
         "src_format": src_format,
         "root": root,
+        "confine": confine,
         "shard_size": shard_size,
     }
     if engine not in ("local", "ray"):

@@ -50,11 +50,16 @@ class Counts:
     skipped: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    outside: int = 0  # items read from outside the source's root (a link, ../, an absolute path)
+    outside_example: str | None = None
 
 
 def hand_over(sink: Sink, item: Prepared, counts: Counts) -> None:
     """Add a prepared item to the sink, or record why it is skipped."""
     reason = item.reason
+    if item.outside is not None:  # read, whether or not it decodes: the user is told it happened
+        counts.outside += 1
+        counts.outside_example = counts.outside_example or f"{item.key} -> {item.outside}"
     if item.data is not None:
         try:
             sink.add(item.position, item.key, item.label, item.data, item.fields)
@@ -102,6 +107,8 @@ def pack_fingerprint(
     }
     if output in ("tar", "parquet"):
         fingerprint["shard_size"] = shard_size
+    if getattr(source, "confine", False):  # only when set: the fingerprints of earlier packs stay as they were
+        fingerprint["confine"] = True
     if fields:
         fingerprint["fields"] = fields
     return fingerprint
@@ -179,6 +186,7 @@ def pack_local(
     progress: bool = True,
     src_format: str = "auto",
     root: str | None = None,
+    confine: bool = False,
     shard_size: int = 10000,
     commit_every: int = DEFAULT_COMMIT_EVERY,
     map_size: int = DEFAULT_MAP_SIZE,
@@ -191,7 +199,7 @@ def pack_local(
         source, kind, src_name = src, type(src).__name__, type(src).__name__
     else:
         src_name = os.fspath(src)
-        source, kind = open_source(src_name, src_format, root=root)
+        source, kind = open_source(src_name, src_format, root=root, confine=confine)
     workers = usable_cpus() if workers is None else workers  # affinity and cgroup quota
     fields = field_kinds(source)
     digests = item_digests(source)
@@ -228,4 +236,6 @@ def pack_local(
         bytes_out=counts.bytes_out,
         elapsed_s=time.monotonic() - started,
         report_path=report,
+        outside=counts.outside,
+        outside_example=counts.outside_example,
     )

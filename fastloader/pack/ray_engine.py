@@ -185,10 +185,12 @@ def _report(job: ShardJob, job_dir: JobDir, state: PackState) -> str | None:
     return str(target)
 
 
-def _open(src: str | os.PathLike[str] | Source, src_format: str, root: str | None) -> tuple[Source, str, str]:
+def _open(
+    src: str | os.PathLike[str] | Source, src_format: str, root: str | None, confine: bool
+) -> tuple[Source, str, str]:
     if isinstance(src, Source):
         return src, type(src).__name__, type(src).__name__
-    source, kind = open_source(os.fspath(src), src_format, root=root)
+    source, kind = open_source(os.fspath(src), src_format, root=root, confine=confine)
     return source, kind, os.fspath(src)
 
 
@@ -219,6 +221,7 @@ def pack_on_ray(
     progress: bool,
     src_format: str,
     root: str | None,
+    confine: bool,
     shard_size: int,
     ray_address: str | None,
 ) -> PackSummary:
@@ -228,7 +231,7 @@ def pack_on_ray(
     if not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
     started = time.monotonic()
-    source, kind, src_name = _open(src, src_format, root)
+    source, kind, src_name = _open(src, src_format, root, confine)
     job, job_dir, finished = _plan(source, kind, dst, output, ReencodeOptions(resize_max_side, quality), shard_size)
     summary = PackSummary(src_name, dst, output, len(source), resumed_from=0, packed_now=0, engine="ray")
     if finished is not None:  # already complete: nothing to do

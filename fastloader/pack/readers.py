@@ -52,6 +52,7 @@ class Prepared(NamedTuple):
     reason: str
     bytes_in: int
     fields: dict[str, Any] | None = None  # the item's fields (fastloader.fields), None for a source without
+    outside: str | None = None  # the real path it was read from, when outside the source's root (not confined)
 
 
 def _fit(width: int, height: int, limit: int) -> tuple[int, int]:
@@ -95,6 +96,16 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".replace("\n", " ").replace("\t", " ")
 
 
+def _outside(source: Source, position: int) -> str | None:
+    """Where item ``position`` was read from, when a folder's or a list's item lies outside its root: said in
+    the summary. A confined source refused it already; the other kinds read only the files SRC names."""
+    where = getattr(source, "outside", None)
+    if where is None or getattr(source, "confine", False):
+        return None
+    real: str | None = where(position)
+    return real
+
+
 def prepare_item(
     source: Source, position: int, options: ReencodeOptions, kinds: dict[str, str] | None = None
 ) -> Prepared:
@@ -108,15 +119,16 @@ def prepare_item(
         data = source.read(position)
         label = int(source.label(position))
         fields = read_fields(source, position, kinds) if kinds else None
+        outside = _outside(source, position)
     except Exception as error:
         return Prepared(position, key, -1, None, f"unreadable: {describe_error(error)}", 0)
     if not data:
-        return Prepared(position, key, label, None, "empty: 0 bytes", 0)
+        return Prepared(position, key, label, None, "empty: 0 bytes", 0, outside=outside)
     try:
         packed = reencode(data, options, key)
     except Exception as error:
-        return Prepared(position, key, label, None, f"undecodable: {describe_error(error)}", len(data))
-    return Prepared(position, key, label, packed, "", len(data), fields)
+        return Prepared(position, key, label, None, f"undecodable: {describe_error(error)}", len(data), None, outside)
+    return Prepared(position, key, label, packed, "", len(data), fields, outside)
 
 
 # One reader process's source, options and field kinds, set once by the pool initializer.

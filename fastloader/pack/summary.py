@@ -20,6 +20,13 @@ def write_report(path: str, skipped: list[BadSample]) -> None:
     bad_samples.write(path, skipped)
 
 
+def outside_line(count: int, example: str | None) -> str | None:
+    """The summary's line on samples read from outside the source's root (``--confine`` refuses them)."""
+    if not count:
+        return None
+    return f"  read {count:,} samples from outside the source's root, e.g. {example} (--confine refuses them)"
+
+
 @dataclass(frozen=True)
 class PackSummary:
     """What a pack did. ``packed`` and ``skipped`` cover every run; the byte and time figures this run.
@@ -44,6 +51,8 @@ class PackSummary:
     shards: int | None = None
     shards_now: int | None = None
     content_sha256: str | None = None  # the pack's content digest (fastloader.pack.content_digest), local packs
+    outside: int = 0  # items this run read from outside the source's root (symbolic links, ../, absolute paths)
+    outside_example: str | None = None  # the first of them: "KEY -> REAL PATH"
 
     @property
     def packed(self) -> int:
@@ -73,6 +82,9 @@ class PackSummary:
         if self.shards is not None:
             now = self.shards_now or 0
             lines.append(f"  engine {self.engine}: {self.shards:,} shards, {now:,} written by this run")
+        outside = outside_line(self.outside, self.outside_example)
+        if outside is not None:
+            lines.append(outside)
         if self.content_sha256 is not None:
             lines.append(f"  content digest: {self.content_sha256}")
             lines.append(f"    (pin it: fastloader verify {self.dst} --expect-digest {self.content_sha256})")
