@@ -11,7 +11,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
   :class:`CorruptJPEGError`, which the image path leaves to PIL;
 * object storage (``fastloader.remote``): :class:`RemoteError` (a request that failed for good),
   :class:`ObjectChanged` (an object replaced after it was indexed), :class:`TruncatedBody` (a short
-  body, retried), :class:`CacheStuck` (a wait in the shard cache that saw no progress);
+  body, retried), :class:`RequestDeadline` (a request past its deadline, retried), :class:`CacheStuck`
+  (a wait in the shard cache that saw no progress);
 * images a dataset names by path (a Hugging Face ``Image`` stored as ``{bytes: null, path}`` in Parquet):
   :class:`ImagePathError`; a sample leading outside its folder's or list's root under ``confine=True``:
   :class:`OutsideRoot`;
@@ -144,6 +145,10 @@ class ObjectChanged(RemoteError):
 
 class TruncatedBody(FastloaderError, OSError):
     """A response body shorter (or longer) than the length the request asked for."""
+
+
+class RequestDeadline(FastloaderError, TimeoutError):
+    """A remote request still unfinished at its deadline (a server trickling bytes); retried like a timeout."""
 
 
 class CacheStuck(FastloaderError, TimeoutError):

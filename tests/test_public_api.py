@@ -80,6 +80,7 @@ ERRORS = (
     "ObjectChanged",
     "OutsideRoot",
     "RemoteError",
+    "RequestDeadline",
     "TooManyBadSamples",
     "TruncatedBody",
     "UnsupportedJPEGError",
@@ -99,5 +100,6 @@ def test_the_errors_are_fastloader_errors_and_importable_from_one_place() -> Non
     assert all(issubclass(getattr(errors, name), errors.FastloaderError) for name in ERRORS)
     # Caught as the built-in a caller expects, without knowing fastloader.
     assert issubclass(errors.RemoteError, OSError) and issubclass(errors.CacheStuck, TimeoutError)
+    assert issubclass(errors.RequestDeadline, TimeoutError)  # retried as a timeout is
     assert issubclass(errors.ImagePathError, OSError)
     assert issubclass(errors.MissingField, errors.FormatError) and issubclass(errors.FormatError, ValueError)

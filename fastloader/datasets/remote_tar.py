@@ -156,7 +156,7 @@ class RemoteTarShardSource(CatalogSource):
             if not keys:
                 raise FormatError(f"{url}: no tar shards there (no {MANIFEST_NAME} and no *.tar object)")
             return [self._shard(objects, url.bucket, key) for key in keys], objects, None, {}
-        state = self._manifest(url)
+        state = self._manifest(url, objects[(url.bucket, manifest_key)])
         if any((url.bucket, url.child(r.name).key) not in objects for r in state.shards):
             # A re-pack published this manifest after our listing began: its shards came before it, so they
             # are in a listing taken now.
@@ -177,11 +177,12 @@ class RemoteTarShardSource(CatalogSource):
         info = objects[(bucket, key)]
         return _Shard(S3Url(bucket, key), info.size, info.etag)
 
-    def _manifest(self, url: S3Url) -> TarPackState:
+    def _manifest(self, url: S3Url, listed: ObjectInfo) -> TarPackState:
         home = _home(url.bucket) / "manifests"
         home.mkdir(parents=True, exist_ok=True)
         local = home / f"{hashlib.sha1(url.key.encode()).hexdigest()[:16]}-{MANIFEST_NAME}"
-        atomic_write_bytes(local, self.store.get(url.child(MANIFEST_NAME)))  # ranks may read it at once
+        # Read as listed (that version, never more bytes); written atomically: ranks may read it at once.
+        atomic_write_bytes(local, self.store.get(url.child(MANIFEST_NAME), etag=listed.etag, size=listed.size))
         state = TarPackState.read(local)
         if not state.complete:
             raise FormatError(f"{url}: incomplete pack (its manifest is not marked complete)")
@@ -207,7 +208,9 @@ class RemoteTarShardSource(CatalogSource):
         def build() -> IndexFile:
             remote_index = objects.get((shard.url.bucket, f"{shard.url.key}{INDEX_SUFFIX}"))
             if remote_index is not None:  # uploaded by `fastloader pack ... s3://`
-                data = self.store.get(S3Url(shard.url.bucket, remote_index.key), etag=remote_index.etag)
+                data = self.store.get(
+                    S3Url(shard.url.bucket, remote_index.key), etag=remote_index.etag, size=remote_index.size
+                )
                 path.write_bytes(data)
                 found = current() or upgrade_index(path, fits)
                 if found is not None:

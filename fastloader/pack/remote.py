@@ -79,7 +79,8 @@ def _previous_shards(url: S3Url, store: S3Store, there: Mapping[str, ObjectInfo]
     """The shard names of the pack published at ``url`` now (None: there is none)."""
     if url.child(MANIFEST_NAME).key not in there:
         return None
-    raw = store.get(url.child(MANIFEST_NAME))
+    listed = there[url.child(MANIFEST_NAME).key]  # read as listed: never more bytes than that
+    raw = store.get(url.child(MANIFEST_NAME), etag=listed.etag, size=listed.size)
     try:
         return {str(shard["name"]) for shard in json_text.loads(raw, str(url.child(MANIFEST_NAME)))["shards"]}
     except (ValueError, KeyError, TypeError):

@@ -7,8 +7,11 @@ client users already have configured, and whole-shard reads are bound by the net
 
 * botocore's own retries are off (``total_max_attempts=1``): :mod:`fastloader.remote.retry` is the one policy,
   so truncated bodies and reset connections in the middle of a body are retried too, with jitter.
-* Every read checks its length: a range gives exactly its bytes, a whole object its ContentLength; a
-  download cut short resumes from its last byte.
+* Every read checks its length: a range gives exactly its bytes, a whole object its listed size (else its
+  ContentLength); a download cut short resumes from its last byte. A body is never read past the size
+  expected (plus the one byte that shows there is more), and a request has a deadline besides the read
+  timeout (see :mod:`fastloader.remote.bounded`): a server that lies about sizes or trickles bytes is an
+  error naming the object, not memory, disk or hours spent.
 * Reads are pinned to one version of an object: given its ETag (from the listing a dataset indexed),
   every GET carries ``If-Match`` and every response's ETag is checked too (for servers that ignore
   the header; SeaweedFS and AWS answer 412); a download is pinned to the ETag it is given (else the one
@@ -31,10 +34,10 @@ from functools import partial
 from typing import Any
 
 from fastloader.errors import ObjectChanged, RemoteError, TruncatedBody
+from fastloader.remote.bounded import check_announced, deadline_for, deadline_setting, read_body
 from fastloader.remote.retry import RetryPolicy, with_retries
 from fastloader.remote.url import S3Url
 
-CHUNK_BYTES = 1 << 20  # a download's reads and writes
 IN_FLIGHT = 4  # parts of one multipart upload at once
 MULTIPART_BYTES = 64 << 20  # uploads larger than this go in parts of this size
 
@@ -71,7 +74,10 @@ def _pinned(url: S3Url, etag: str | None, response: dict[str, Any]) -> None:
 
 
 class S3Store:
-    """An S3-compatible store: ``endpoint_url`` (None: the environment's ``AWS_ENDPOINT_URL``, else AWS)."""
+    """An S3-compatible store: ``endpoint_url`` (None: the environment's ``AWS_ENDPOINT_URL``, else AWS).
+
+    ``deadline_s``: each request's deadline before the time its bytes take at the slowest rate allowed
+    (None: ``$FASTLOADER_S3_DEADLINE_S``, else 60 s; see :mod:`fastloader.remote.bounded`)."""
 
     def __init__(
         self,
@@ -82,6 +88,7 @@ class S3Store:
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
         pool: int = 16,
+        deadline_s: float | None = None,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region = region
@@ -89,6 +96,7 @@ class S3Store:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.pool = pool
+        self.deadline_s = deadline_setting(deadline_s)
         self._pid: int | None = None
         self._client: Any = None
         self._rng = random.Random()
@@ -147,27 +155,45 @@ class S3Store:
             status = error.status
         raise _changed(url, etag, None, status)  # outside the handler: no chained client error
 
-    def get(self, url: S3Url, start: int | None = None, end: int | None = None, *, etag: str | None = None) -> bytes:
+    def get(
+        self,
+        url: S3Url,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        etag: str | None = None,
+        size: int | None = None,
+    ) -> bytes:
         """Bytes ``[start, end)`` of an object (the whole object without them), length checked; of version
-        ``etag`` only, when given (see the module docstring)."""
+        ``etag`` only, when given (see the module docstring). ``size``: the whole object's size as listed:
+        a body longer than it is refused, never read whole."""
+        where = f"{url}" + (f" [{start}:{end}]" if start is not None else "")
 
         def attempt() -> bytes:
             kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key}
+            expected = size
             if start is not None and end is not None:
                 if end <= start:
                     return b""
                 kwargs["Range"] = f"bytes={start}-{end - 1}"
+                expected = end - start
             if etag is not None:
                 kwargs["IfMatch"] = etag
+            deadline = deadline_for(self.deadline_s, expected)
             response = self.client.get_object(**kwargs)
             _pinned(url, etag, response)
-            body = response["Body"].read()
-            expected = (end - start) if start is not None and end is not None else response.get("ContentLength")
-            if expected is not None and len(body) != expected:
-                raise TruncatedBody(f"got {len(body)} of {expected} bytes")
-            return body
+            announced = response.get("ContentLength")
+            if expected is None:  # nothing known but what the server says: still never more than that
+                expected = int(announced) if announced is not None else None
+            if expected is None:
+                raise RemoteError(f"{where}: the server announced no Content-Length and no size was listed")
+            check_announced(where, expected, announced)
+            parts: list[bytes] = []
+            received = read_body(where, response["Body"], expected, deadline, parts.append)
+            if received != expected:
+                raise TruncatedBody(f"got {received} of {expected} bytes")
+            return b"".join(parts)
 
-        where = f"{url}" + (f" [{start}:{end}]" if start is not None else "")
         return self._call(where, attempt, url, etag)
 
     def stat(self, url: S3Url) -> ObjectInfo:
@@ -229,11 +255,18 @@ class S3Store:
                 kwargs: dict[str, Any] = {"Bucket": url.bucket, "Key": url.key, "IfMatch": pinned}
                 if received:
                     kwargs["Range"] = f"bytes={received}-"
+                deadline = deadline_for(self.deadline_s, size - received)
                 response = self.client.get_object(**kwargs)
                 _pinned(url, pinned, response)
-                for chunk in response["Body"].iter_chunks(CHUNK_BYTES):
+                where = f"{url}" + (f" [{received}:]" if received else "")
+                check_announced(where, size - received, response.get("ContentLength"))
+
+                def write(chunk: bytes) -> None:  # counted as written: a retry resumes after it
+                    nonlocal received
                     out.write(chunk)
                     received += len(chunk)
+
+                read_body(where, response["Body"], size - received, deadline, write)
                 if received != size:
                     raise TruncatedBody(f"got {received} of {size} bytes")
 

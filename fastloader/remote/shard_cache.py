@@ -17,6 +17,11 @@ The workers of every rank on one machine read through one cache directory:
 * A download whose process died (SIGKILL, OOM) leaves its ``.part``; its object's lock is free then, so
   any process reclaims it, and the process that takes the object's lock next removes every ``.part``
   of that object first (it alone may be downloading it).
+* A failed download leaves nothing behind, its object's lock file included: a manifest naming a thousand
+  missing shards must not leave a thousand lock files. The lock file is removed by the process holding
+  it, and a process that waited for it and then locks a file no longer at that name (removed meanwhile)
+  opens the name again, so two processes never hold "the" lock of one object at once. A lock file of an
+  object fetched stays, one per cached object at most.
 * Every wait is bounded: waiting for another process's download of the same object, or for room, fails
   with an error naming the object when the cache has not moved (no download grew, no file came or went)
   for ``wait_s`` seconds; a slow download that makes progress is waited for.
@@ -58,6 +63,16 @@ def _try_lock(handle: Any) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def _names(handle: Any, path: Path) -> bool:
+    """Whether ``path`` is still the file open as ``handle`` (not removed, nor replaced by a new one)."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _part_of(path: Path, final: Path) -> bool:
@@ -103,7 +118,7 @@ class ShardCache:
                 f"{name}: {size} bytes do not fit in the shard cache's limit of {self.limit} bytes ({self.root});"
                 " raise cache_limit above the largest shard"
             )
-        with self._object_lock(final, name):  # one download per object
+        with self._object_lock(final, name) as lock:  # one download per object
             if self._fresh(final, size):
                 return str(final)
             part = final.with_name(f"{final.name}.{size}{_PART}")  # its reserved size in its name
@@ -116,22 +131,37 @@ class ShardCache:
                     os.replace(part, final)
             except BaseException:
                 part.unlink(missing_ok=True)
+                lock.unlink(missing_ok=True)  # held: a waiter finds it gone and opens the name again
                 raise
         return str(final)
 
     @contextlib.contextmanager
-    def _object_lock(self, final: Path, name: str) -> Iterator[None]:
-        """The object's lock: waited for while the download holding it makes progress (its .part grows)."""
+    def _object_lock(self, final: Path, name: str) -> Iterator[Path]:
+        """The object's lock, its file's path given to the holder (who may remove it, see the module
+        docstring): waited for while the download holding it makes progress (its .part grows)."""
         stuck = (
             f"{name}: another process has been downloading it into the shard cache ({self.root}) with no"
             f" progress for {self.wait_s:.0f} s; stop that process if it hangs, or use another cache"
         )
-        with open(self.root / _LOCKS / f"{final.name}.lock", "a+b") as handle:
-            self._wait(lambda: _try_lock(handle), lambda: self._progress(final), stuck)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        path = self.root / _LOCKS / f"{final.name}.lock"
+        handles: list[Any] = []
+
+        def locked() -> bool:
+            if not handles:
+                handles.append(open(path, "a+b"))  # noqa: SIM115 - closed below, whatever happens
+            if not _try_lock(handles[0]):
+                return False
+            if _names(handles[0], path):
+                return True
+            handles.pop().close()  # removed by the process that held it: the name's current file is the lock
+            return False
+
+        try:
+            self._wait(locked, lambda: self._progress(final), stuck)
+            yield path
+        finally:
+            for handle in handles:
+                handle.close()  # closing releases the lock
 
     def _wait(self, ready: Callable[[], bool], progress: Callable[[], object], stuck: str) -> None:
         """Poll ``ready()`` until true; CacheStuck when ``progress()`` stays the same for ``wait_s``."""
@@ -206,11 +236,13 @@ class ShardCache:
             return False
         lock = self.root / _LOCKS / f"{path.name[: -len(_PART)].rsplit('.', 1)[0]}.lock"
         try:
-            with open(lock, "a+b") as handle:
+            with open(lock, "rb") as handle:  # never created here: no lock file is left by a look
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # never waits: no deadlock here either
                 fcntl.flock(handle, fcntl.LOCK_UN)
         except BlockingIOError:
             return False  # being downloaded now
+        except FileNotFoundError:
+            pass  # its downloader removed it (a failed download), or never was: no one downloads it
         path.unlink(missing_ok=True)
         return True
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fastloader.errors import CacheStuck
+from fastloader.errors import CacheStuck, RemoteError
 from fastloader.remote.shard_cache import ShardCache
 from tests.helpers import wait_until
 
@@ -206,3 +206,68 @@ def test_a_wait_with_no_progress_ends_in_an_error_naming_the_object(tmp_path: Pa
         victim.kill()
         victim.join()
     assert full.path("other.tar", 100, writer(b"z" * 100))  # its download dead, the room is there again
+
+
+def missing(name: str) -> Callable[[str], None]:
+    """A fetch of an object the store does not have (what S3Store.download raises for it)."""
+
+    def fetch(path: str) -> None:
+        raise RemoteError(f"s3://bucket/{name}: NoSuchKey (HTTP 404)", status=404)
+
+    return fetch
+
+
+def lock_files(cache: ShardCache) -> list[str]:
+    return sorted(name for name in os.listdir(cache.root / ".locks") if name != "space.lock")
+
+
+def test_a_thousand_missing_shards_are_each_reported_and_leave_no_lock_file(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "cache", limit=1 << 20)
+    names = [f"pack/shard-{number:06d}.tar" for number in range(1000)]
+    reported = []
+    for name in names:
+        with pytest.raises(RemoteError) as raised:
+            cache.path(name, 100, missing(name), version='"etag"')
+        reported.append(str(raised.value))
+    assert all(name in text and "404" in text for name, text in zip(names, reported, strict=True))
+    assert lock_files(cache) == []
+    assert [entry for entry in os.listdir(cache.root) if entry != ".locks"] == []  # no .part either
+    assert cache.used() == 0
+
+
+def test_a_reader_waiting_on_a_failed_download_takes_the_lock_afresh(tmp_path: Path) -> None:
+    # The first download fails and removes its lock file while the second reader waits on it: the second
+    # must lock the name's new file (never the removed one alongside a third reader), download it itself,
+    # and leave no lock file when it fails too.
+    cache = ShardCache(tmp_path / "cache", limit=1000)
+    started, release = threading.Event(), threading.Event()
+    running, overlapped, errors, counting = [0], [False], [], threading.Lock()
+
+    def slow_missing(path: str) -> None:
+        with counting:
+            running[0] += 1
+            overlapped[0] |= running[0] > 1
+        started.set()
+        release.wait(timeout=30)
+        with counting:
+            running[0] -= 1
+        raise RemoteError("s3://bucket/a.tar: NoSuchKey (HTTP 404)", status=404)
+
+    def read() -> None:
+        try:
+            cache.path("bucket/a.tar", 5, slow_missing)
+        except RemoteError as error:
+            errors.append(error)
+
+    first = threading.Thread(target=read)
+    first.start()
+    assert started.wait(timeout=30)
+    waiters = [threading.Thread(target=read) for _ in range(2)]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.2)  # the waiters are polling the first's lock (not a bound: they wait either way)
+    release.set()
+    for thread in (first, *waiters):
+        thread.join(timeout=60)
+    assert len(errors) == 3 and not overlapped[0]
+    assert lock_files(cache) == []
