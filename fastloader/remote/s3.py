@@ -10,7 +10,7 @@ client users already have configured, and whole-shard reads are bound by the net
 * Every read checks its length: a range gives exactly its bytes, a whole object its listed size (else its
   ContentLength); a download cut short resumes from its last byte. A body is never read past the size
   expected (plus the one byte that shows there is more), and a request has a deadline besides the read
-  timeout (see :mod:`fastloader.remote.bounded`): a server that lies about sizes or trickles bytes is an
+  timeout (see ``fastloader.remote.bounded``): a server that lies about sizes or trickles bytes is an
   error naming the object, not memory, disk or hours spent.
 * Reads are pinned to one version of an object: given its ETag (from the listing a dataset indexed),
   every GET carries ``If-Match`` and every response's ETag is checked too (for servers that ignore
@@ -77,7 +77,7 @@ class S3Store:
     """An S3-compatible store: ``endpoint_url`` (None: the environment's ``AWS_ENDPOINT_URL``, else AWS).
 
     ``deadline_s``: each request's deadline before the time its bytes take at the slowest rate allowed
-    (None: ``$FASTLOADER_S3_DEADLINE_S``, else 60 s; see :mod:`fastloader.remote.bounded`)."""
+    (None: ``$FASTLOADER_S3_DEADLINE_S``, else 60 s; see ``fastloader.remote.bounded``)."""
 
     def __init__(
         self,
