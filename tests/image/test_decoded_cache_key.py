@@ -5,8 +5,6 @@ disk without room for the file is an error naming it and the bytes it needs."""
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import PIL
@@ -87,20 +85,6 @@ def test_another_pil_gets_a_file_of_its_own(jpegs: Path, tmp_path: Path, monkeyp
     upgraded.set_cache(tmp_path / "eval.cache")
     assert upgraded._cache is not None and upgraded._cache.path != dataset._cache.path
     assert upgraded._cache.filled() == 0 and dataset._cache.filled() == len(dataset)
-
-
-@pytest.fixture()
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MB tmpfs; skipped where mounting needs a root this process does not have."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_disk_without_room_for_the_cache_names_the_file_and_the_bytes_it_needs(jpegs: Path, tiny_disk: Path) -> None:

@@ -11,21 +11,6 @@ import pytest
 
 
 @pytest.fixture()
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MB tmpfs (grown by the test with ``mount -o remount,size=...``); skipped where mounting needs a
-    root this process does not have."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-@pytest.fixture()
 def gated_pack(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """``gated_pack(src, dst, output, *ray_address)``: a pack held mid-run until ``tmp_path/gate`` exists
     (``tests.pack.gated_source.start``); whatever is left of them is let go and reaped afterwards."""
