@@ -125,3 +125,31 @@ def test_every_benchmark_table_says_when_it_was_measured() -> None:
         and not re.match(r"\*Measured \d{4}-\d{2}-\d{2} \(", lines[number - 3])
     ]
     assert undated == []
+
+
+def undescribed_modules(root: Path) -> list[str]:
+    """The package's modules (``.py`` but ``__init__``, ``.c``) that CONTRIBUTING.md's layout never names."""
+    guide = (root / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w*])([A-Za-z_][\w]*\.(?:py|c))\b", guide))
+    return sorted(
+        str(path.relative_to(root))
+        for path in tracked_files(root)
+        if path.parts[len(root.parts)] == "fastloader"
+        and path.suffix in (".py", ".c")
+        and path.name != "__init__.py"
+        and path.name not in named
+    )
+
+
+def test_contributing_describes_every_module() -> None:
+    assert undescribed_modules(REPO) == []
+
+
+def test_an_undescribed_module_is_named(tmp_path: Path) -> None:
+    (tmp_path / "fastloader").mkdir()
+    (tmp_path / "fastloader" / "told.py").write_text("")
+    (tmp_path / "fastloader" / "untold.py").write_text("")
+    (tmp_path / "CONTRIBUTING.md").write_text("  told.py   a module the guide names\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    assert undescribed_modules(tmp_path) == ["fastloader/untold.py"]
