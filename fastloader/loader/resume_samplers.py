@@ -273,6 +273,8 @@ def _position(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -
     epoch, seed, layout = values["epoch"], values["seed"], values["layout"]
     if isinstance(sampler, DistributedSampler):
         position = min(position, sampler.layout_size(layout))
+        if position == 0:  # the epoch's start: laid out for this world size, as its uninterrupted run has it
+            layout = sampler.num_replicas
         if layout == sampler.num_replicas and position % layout == 0:
             sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": position // layout})
         else:
