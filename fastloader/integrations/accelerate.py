@@ -51,7 +51,7 @@ import torch.utils.data as tud
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from fastloader.integrations.accelerate_loader import PreparedLoader, ResumableBatches
+from fastloader.integrations.accelerate_loader import PreparedLoader
 from fastloader.loader.dataloader import DataLoaderX
 from fastloader.loader.plain_prepare import own_prepare
 
@@ -81,10 +81,9 @@ def prepare_loader(accelerator: Accelerator, loader: DataLoaderX[Any]) -> Prepar
         shard = accelerator.prepare_data_loader(loader, device_placement=False)
     batch_sampler_as_sampler = isinstance(shard.sampler, tud.BatchSampler)  # DataLoader(sampler=BatchSampler)
     index_batches = shard.sampler if batch_sampler_as_sampler else shard.batch_sampler
-    is_iterable = isinstance(shard.dataset, tud.IterableDataset)
-    batches = None if is_iterable else ResumableBatches(index_batches)
+    batches = None if isinstance(shard.dataset, tud.IterableDataset) else index_batches
     rebuilt = _rebuilt(loader, shard, batches, batch_sampler_as_sampler, _device(accelerator))
-    prepared = PreparedLoader(rebuilt, shard, batches, drop_last=loader.drop_last)
+    prepared = PreparedLoader(rebuilt, shard, drop_last=loader.drop_last)
     _take_place(accelerator, shard, prepared)
     accelerator.register_for_checkpointing(prepared)
     prepared._is_accelerate_prepared = True
@@ -123,7 +122,7 @@ def _device(accelerator: Accelerator) -> torch.device:
 def _rebuilt(
     loader: DataLoaderX[Any],
     shard: Any,
-    batches: ResumableBatches | None,
+    batches: Any,
     batch_sampler_as_sampler: bool,
     device: torch.device,
 ) -> DataLoaderX[Any]:

@@ -11,71 +11,48 @@ training loop sees accelerate's semantics with fastloader's pipeline underneath:
   while the loop holds the last batch: ``gather_for_metrics`` then drops the ``even_batches`` padding
   (``remainder``) and gradient accumulation syncs. DataLoaderX's prefetch thread is ahead anyway: the
   look-ahead takes a batch that is already waiting. ``stats()`` (DataLoaderX's) counts it as delivered;
-* ``state_dict()`` / ``load_state_dict()`` (called by ``accelerator.save_state()`` / ``load_state()``)
-  resume mid-epoch: the state holds the epoch, the batches this rank's loop received and what decided
-  the epoch's order; loading applies to the next ``iter()``, which rebuilds the order and leaves out the
-  batches already received at the index level (no sample of them is read), in accelerate's shard, so
-  the ``even_batches`` padding at the end stays where it was. Ranks are assumed to advance in lockstep
-  (one state serves all ranks: accelerate saves custom states from the main process);
+* its resume is DataLoaderX's own: ``state_dict()`` / ``load_state_dict()`` (called by
+  ``accelerator.save_state()`` / ``load_state()``) are the DataLoaderX's (``fastloader.loader.resume``), whose
+  cursor replays accelerate's batch sampler whole batches at a time (``replays_batches``: what decided the
+  order put back, the batches already received left out at the index level, in accelerate's shard, so the
+  ``even_batches`` padding at the end stays where it was). One state format: a prepared loader's state loads
+  in a plain DataLoaderX over the same order and the reverse; a state of this module's own former format
+  (``fastloader.integrations.accelerate/1``) is converted. Ranks are assumed to advance in lockstep (one
+  state serves all ranks: accelerate saves custom states from the main process). What accelerate adds:
+  its ``iteration`` counter follows the loaded epoch; the look-ahead never counts a batch the loop does not
+  hold yet (``PrefetchIterator.at_end``), and a state taken at an epoch's last batch names the next epoch;
 * ``skip_first_batches(n)`` starts its next epoch at batch ``n`` (what ``accelerator.skip_first_batches``
-  and Hugging Face Trainer's resume are for): the order rebuilt, the skipped batches never read, and
-  ``end_of_dataloader`` at the epoch's last batch. accelerate's own function cannot do it on this loader:
+  and Hugging Face Trainer's resume are for): the cursor's ``skip_first``, the skipped batches never read
+  (an IterableDataset's are read and dropped, as accelerate does), and ``end_of_dataloader`` at the epoch's
+  last batch. accelerate's own function cannot do it on this loader:
   it iterates the loader's ``batch_sampler`` through a plain torch DataLoader, past this loader (no
   prefetch, no copy, no ``end_of_dataloader``), so the batch sampler is handed out for reading, not
   iterating, and iterating it raises, naming ``loader.skip_first_batches(n)`` (over an IterableDataset,
   which accelerate reads through its ``SkipDataLoader``, the ``collate_fn`` handed out raises so).
 
-The order of an epoch can be rebuilt when it comes from a sampler's generator (``shuffle=True`` on
-several processes: accelerate gives the sampler one, or ``generator=``), from a seed (``seed=``,
-accelerate's ``use_seedable_sampler``), from torch's global RNG through DataLoaderX's ``shuffle=True``
-sampler (one process: its epoch seed is saved), or is sequential. Otherwise ``load_state_dict`` of a
-mid-epoch state raises, naming the sampler, rather than resuming into another order.
+Which orders resume mid-epoch is DataLoaderX's rule: a sampler's generator (``shuffle=True`` on several
+processes: accelerate gives the sampler one, or ``generator=``), a seed (``seed=``, accelerate's
+``use_seedable_sampler``), torch's global RNG through DataLoaderX's ``shuffle=True`` sampler (one process:
+its epoch seed is saved), or sequential. Otherwise ``load_state_dict`` of a mid-epoch state raises, naming
+the sampler, rather than resuming into another order.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import dataclasses
-import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
 import torch.utils.data as tud
-from accelerate.data_loader import DataLoaderStateMixin, SeedableRandomSampler
+from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
 from accelerate.utils import synchronize_rng_states
 
 from fastloader.loader.dataloader import DataLoaderX
-from fastloader.samplers import RandomSampler, SequentialSampler, WeightedRandomSampler
+from fastloader.loader.prefetch_iterator import PrefetchIterator
 from fastloader.samplers._epoch import check_nonnegative_int
-from fastloader.samplers.torch_random import TorchRandomSampler
 
-FORMAT = "fastloader.integrations.accelerate/1"
-_KEYS = frozenset({"format", "epoch", "batches_yielded", "num_processes", "total_batch_size", "rng", "seed"})
-# Their order is a function of (seed, epoch): fastloader's, accelerate's use_seedable_sampler, torch's sequential
-_SEEDED = (RandomSampler, SequentialSampler, WeightedRandomSampler, SeedableRandomSampler, tud.SequentialSampler)
-
-
-class ResumableBatches:
-    """The batch sampler the DataLoaderX reads: accelerate's, whose next iteration can start at a batch.
-
-    ``__iter__`` is a generator, so ``skip`` is spent when that iteration yields its first batch: torch's
-    multi-process iterator calls ``iter()`` twice when it starts and uses the second, and a persistent
-    one calls it on this same object again each epoch, so a resume reaches it there too.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.skip = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        skip, self.skip = self.skip, 0
-        yield from itertools.islice(iter(self.inner), skip, None)
-
-    def __len__(self) -> int:
-        return len(self.inner)
+OLD_FORMAT = "fastloader.integrations.accelerate/1"  # before the state was DataLoaderX's own (fastloader 0.x)
+_OLD_KEYS = frozenset({"format", "epoch", "batches_yielded", "num_processes", "total_batch_size", "rng", "seed"})
 
 
 SKIP_REFUSED = (
@@ -123,84 +100,42 @@ class _RefusedElsewhere:
         raise ValueError(f"the collate_fn of a prepared loader (loader.collate_fn) was called: {SKIP_REFUSED}")
 
 
-@dataclasses.dataclass
-class Cursor:
-    """Where one epoch of the training loop is, and what decided that epoch's order."""
-
-    epoch: int
-    batches: int = 0  # batches this rank's loop received
-    rng: torch.Tensor | None = None  # the order's generator state when the epoch began
-    seed: int | None = None  # a generator-less TorchRandomSampler: the seed it drew for the epoch
-    done: bool = False  # the epoch's last batch was delivered
-
-
 class PreparedLoader(DataLoaderStateMixin):
     """A DataLoaderX reading accelerate's shard of the data, with ``DataLoaderShard``'s behaviour (module
     docstring). Anything not defined here is the DataLoaderX's (``stats()``, ``num_workers``, ...)."""
 
     use_stateful_dataloader = False  # accelerate's own stateful path stays off: register_for_checkpointing saves us
 
-    def __init__(self, loader: DataLoaderX[Any], shard: Any, batches: ResumableBatches | None, drop_last: bool) -> None:
+    def __init__(self, loader: DataLoaderX[Any], shard: Any, drop_last: bool) -> None:
         self.base_dataloader = loader  # DataLoaderShard's name for the loader it wraps
         self._shard = shard  # accelerate's DataLoaderShard over the same batch sampler: it answers accelerate
-        self._batches = batches  # None for an IterableDataset (accelerate shards the dataset itself)
+        self._iterable = isinstance(loader.dataset, tud.IterableDataset)  # accelerate shards the dataset itself
         self._drop_last = drop_last  # the user's; read by DataLoaderStateMixin.begin (the remainder)
         self.gradient_state = GradientState()
         self.rng_types = shard.rng_types
         self.synchronized_generator = shard.synchronized_generator
         self.iteration = 0  # accelerate's epoch counter (DataLoaderShard.iteration)
-        sharded = batches.inner if batches is not None else shard.dataset
-        self._num_processes = int(getattr(sharded, "num_processes", 1))
-        self._cursor: Cursor | None = None  # the epoch being (or last) delivered
-        self._pending: Cursor | None = None  # a loaded state, for the next iter()
-        self._skip_next = 0  # skip_first_batches: batches the next iter() leaves out
+        self._loaded_at: tuple[int, int] | None = None  # (epoch, batch) of a state loaded for the next iter()
+        self._drop_next = 0  # skip_first_batches of an IterableDataset: batches the next iter() reads and drops
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types is not None:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self.set_epoch(self.iteration)
-        cursor = self._cursor = self._start()
+        self._loaded_at = None
         self.begin()
-        yield from self._deliver(cursor, drop=cursor.batches if self._batches is None else 0)
-        self.end()  # as DataLoaderShard: after the last batch only (a loop that breaks leaves it registered)
-
-    def _deliver(self, cursor: Cursor, drop: int) -> Iterator[Any]:
-        batches = iter(self.base_dataloader)
-        try:
-            for _ in range(drop):  # an IterableDataset's order is its own: read past them, as accelerate does
-                next(batches)
-            current = next(batches)
-        except StopIteration:
-            return
-        while True:
-            try:
-                following = next(batches)
-            except StopIteration:
-                self.end_of_dataloader = True
-                cursor.batches, cursor.done = cursor.batches + 1, True
-                yield current
+        batches: PrefetchIterator = iter(self.base_dataloader)
+        drop, self._drop_next = self._drop_next, 0
+        for _ in range(drop):  # an IterableDataset's order is its own: read past them, as accelerate does
+            if next(batches, None) is None:
                 break
-            cursor.batches += 1
-            yield current
-            current = following
+        for batch in batches:
+            # As DataLoaderShard, one batch ahead: the loop holds the last batch with end_of_dataloader set.
+            if batches.at_end():
+                self.end_of_dataloader = True
+            yield batch
         self.iteration += 1
-        self._cursor = None
-
-    def _start(self) -> Cursor:
-        """At ``iter()``: this epoch's cursor; resuming, what decided the order is put back first."""
-        pending, self._pending = self._pending, None
-        sampler = self._order_sampler()
-        generator = _generator_of(sampler)
-        skip, self._skip_next = self._skip_next, 0
-        if pending is not None:
-            if pending.rng is not None and generator is not None:
-                generator.set_state(pending.rng)  # after the rng synchronization: every rank loaded the same
-            if pending.seed is not None and isinstance(sampler, TorchRandomSampler) and generator is None:
-                sampler.pin_next_seed(pending.seed)
-            skip = pending.batches or skip  # skip_first_batches after a state of an epoch's start
-        if self._batches is not None:
-            self._batches.skip = skip
-        return Cursor(self.iteration, skip, generator.get_state() if generator is not None else None)
+        self.end()  # as DataLoaderShard: after the last batch only (a loop that breaks leaves it registered)
 
     def skip_first_batches(self, num_batches: int) -> PreparedLoader:
         """Start the next epoch at its batch ``num_batches``; returns this loader.
@@ -215,67 +150,76 @@ class PreparedLoader(DataLoaderStateMixin):
         length = _length_of(self.base_dataloader)
         if length is not None and count > length:
             raise ValueError(f"skip_first_batches({count}): the epoch has {length} batches")
-        pending = self._pending
-        if pending is not None and pending.batches:
-            if count != pending.batches:
+        if self._loaded_at is not None and self._loaded_at[1]:
+            epoch, batch = self._loaded_at
+            if count != batch:
                 raise ValueError(
                     f"skip_first_batches({count}) after load_state, which resumes this loader at batch"
-                    f" {pending.batches} of epoch {pending.epoch} already: the two would skip twice; drop the call"
+                    f" {batch} of epoch {epoch} already: the two would skip twice; drop the call"
                 )
             return self
-        self._skip_next = count
+        if self._iterable:
+            self._drop_next = count
+        else:
+            self.base_dataloader._cursor.skip_first(count)
         return self
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch everywhere accelerate sets it (its batch sampler, their sampler, the dataset) and
-        DataLoaderX's (no epoch advances by itself). A loaded state of another epoch is dropped."""
+        DataLoaderX's (no epoch advances by itself)."""
         self.iteration = epoch
         self._shard.set_epoch(epoch)
         self.base_dataloader.set_epoch(epoch)
-        if self._pending is not None and self._pending.epoch != epoch:
-            self._pending = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank's loop is: plain data (JSON-safe), for ``accelerator.save_state()``."""
-        cursor = self._pending or self._cursor
-        sampler = self._order_sampler()
-        if cursor is None or cursor.done:  # between epochs: the next one from its start (or skip_first_batches')
-            generator = _generator_of(sampler)
-            epoch = cursor.epoch + 1 if cursor is not None else self.iteration
-            cursor = Cursor(epoch, self._skip_next, generator.get_state() if generator is not None else None)
-        elif cursor is self._pending and self._skip_next:
-            cursor = dataclasses.replace(cursor, batches=self._skip_next)
-        elif cursor.seed is None and cursor.batches and isinstance(sampler, TorchRandomSampler):
-            cursor.seed = sampler.epoch_seed  # drawn when the epoch's first index was taken
-        return {
-            "format": FORMAT,
-            "epoch": cursor.epoch,
-            "batches_yielded": cursor.batches,
-            "num_processes": self._num_processes,
-            "total_batch_size": self.total_batch_size,
-            "rng": _encode(cursor.rng),
-            "seed": cursor.seed if cursor.seed is not None else -1,
-        }
+        """Where this rank's loop is, for ``accelerator.save_state()``: the DataLoaderX's own state."""
+        state = self.base_dataloader.state_dict()
+        if self._drop_next:  # an IterableDataset's skip_first_batches, not begun: it counts as received
+            state["batches_yielded"] = self._drop_next
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``'s output at the next ``iter()``. ValueError for a foreign state, one
-        from another number of processes or batch size, or a mid-epoch one whose order cannot be rebuilt."""
-        cursor = _parse(state)
-        here = {"num_processes": self._num_processes, "total_batch_size": self.total_batch_size}
-        there = {key: state[key] for key in here}
-        if there != here:
-            raise ValueError(f"the loader state comes from {there}, this loader runs with {here}: resume with the same")
-        if cursor.batches:
-            problem = _why_not_replayable(self.dataset, self._order_sampler())
-            if problem is not None:
-                raise ValueError(f"cannot resume this loader mid-epoch exactly: {problem}")
-        self._pending, self.iteration = cursor, cursor.epoch
+        """Resume from ``state_dict()``'s output at the next ``iter()`` (DataLoaderX's rules: ValueError for
+        a foreign state, one from another number of processes or batch size, or a mid-epoch one whose order
+        cannot be rebuilt). A state of the former ``fastloader.integrations.accelerate/1`` format is converted."""
+        if isinstance(state, Mapping) and state.get("format") == OLD_FORMAT:
+            state = self._from_old_format(state)
+        self.base_dataloader.load_state_dict(state)
+        self.iteration = self.base_dataloader._cursor.epoch
+        batches = state.get("batches_yielded", 0) if isinstance(state, Mapping) else 0
+        self._loaded_at, self._drop_next = (self.iteration, int(batches)), 0
 
-    def _order_sampler(self) -> Any:
-        """The sampler whose order decides the epoch (inside accelerate's batch sampler), if any."""
-        batches = self._batches.inner if self._batches is not None else None
-        inner = getattr(batches, "batch_sampler", batches)  # BatchSamplerShard wraps the loader's batch sampler
-        return getattr(inner, "sampler", None)
+    def _from_old_format(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``fastloader.integrations.accelerate/1`` state as DataLoaderX's (version 5)."""
+        if set(state) != _OLD_KEYS:
+            expected = sorted(_OLD_KEYS)
+            raise ValueError(f"not a {OLD_FORMAT} loader state: expected the keys {expected}, got {sorted(state)}")
+        processes = check_nonnegative_int(state["num_processes"], "state['num_processes']")
+        total = check_nonnegative_int(state["total_batch_size"], "state['total_batch_size']")
+        batches = check_nonnegative_int(state["batches_yielded"], "state['batches_yielded']")
+        if processes < 1 or total < processes:
+            raise ValueError(f"{OLD_FORMAT} state: num_processes={processes}, total_batch_size={total}")
+        size = total // processes  # split_batches or not: each rank's batches of total_batch_size / num_processes
+        seed = state["seed"]
+        return {
+            "version": 5,
+            "epoch": state["epoch"],
+            "samples_yielded": batches * size,
+            "batches_yielded": batches,
+            "batch_size": size,
+            "seed": seed if isinstance(seed, int) and seed >= 0 else 0,
+            "world_size": processes,
+            "rank": 0,
+            "start": 0,
+            "layout": processes,
+            "rng": state["rng"],
+            "base_seed": None,
+            "after": [],
+            "sampler": None,
+            "workers": None,
+            "dataset": None,
+            "next_rng": "",
+        }
 
     # What accelerate and its users read from a DataLoaderShard, answered as it answers them.
     @property
@@ -298,7 +242,7 @@ class PreparedLoader(DataLoaderStateMixin):
         rebuilds this one from its attributes (``accelerator.skip_first_batches``'s ``SkipDataLoader``) would
         read the data past it, where no batch sampler of ours is iterated to refuse it."""
         collate = self.base_dataloader.collate_fn
-        return _RefusedElsewhere(collate) if self._batches is None else collate
+        return _RefusedElsewhere(collate) if self._iterable else collate
 
     @property
     def total_batch_size(self) -> int:
@@ -329,46 +273,3 @@ def _length_of(loader: Any) -> int | None:
         return len(loader)
     except TypeError:  # an IterableDataset without __len__
         return None
-
-
-def _generator_of(sampler: Any) -> torch.Generator | None:
-    generator = getattr(sampler, "generator", None)
-    return generator if isinstance(generator, torch.Generator) else None
-
-
-def _why_not_replayable(dataset: Any, sampler: Any) -> str | None:
-    if isinstance(dataset, tud.IterableDataset):
-        return f"{type(dataset).__name__} is an IterableDataset, whose order is its own (save at the end of an epoch)"
-    if sampler is None:
-        return "its batch sampler has no sampler whose order could be rebuilt"
-    if isinstance(sampler, (*_SEEDED, TorchRandomSampler)) or _generator_of(sampler) is not None:
-        return None
-    name = f"{type(sampler).__module__}.{type(sampler).__qualname__}"
-    return f"the order of {name} is not known to be reproducible (pass it a generator=, or use seed= on DataLoaderX)"
-
-
-def _parse(state: Mapping[str, Any]) -> Cursor:
-    if not isinstance(state, Mapping) or state.get("format") != FORMAT or set(state) != _KEYS:
-        found = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(f"not a {FORMAT} loader state: expected the keys {sorted(_KEYS)}, got {found}")
-    values = {key: check_nonnegative_int(state[key], f"state[{key!r}]") for key in ("epoch", "batches_yielded")}
-    seed = state["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < -1:
-        raise ValueError(f"state['seed'] must be an int >= -1, got {seed!r}")
-    return Cursor(values["epoch"], values["batches_yielded"], _decode(state["rng"]), seed if seed >= 0 else None)
-
-
-def _encode(rng: torch.Tensor | None) -> str:
-    return "" if rng is None else base64.b64encode(rng.numpy().tobytes()).decode("ascii")
-
-
-def _decode(text: Any) -> torch.Tensor | None:
-    if not isinstance(text, str):
-        raise ValueError(f"state['rng'] must be a str, got {type(text).__name__}")
-    if text == "":
-        return None
-    try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError) as error:
-        raise ValueError(f"state['rng'] is not base64: {error}") from None
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)

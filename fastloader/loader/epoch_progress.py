@@ -31,7 +31,7 @@ class Plan:
     epoch: int
     start: int = 0  # global position at which the sampler's order starts (fastloader's samplers, replay)
     layout: int | None = None  # world size that order is laid out for; None: the current one
-    skip: int = 0  # replay: samples of this rank's rebuilt order left out
+    skip: int = 0  # replay: samples of this rank's rebuilt order left out (a replayed batch sampler: its batches)
     before: int = 0  # IterableDataset, Stateful sampler: batches the loop received this epoch before the resume
     samples_before: int = 0  # samples this rank's loop received this epoch before the resume
     after: frozenset[int] = frozenset()  # batches (from the start) received before, out of order: left out
@@ -126,7 +126,8 @@ class Progress:
             return
         plan = self.plan
         if indexing.indexer is None:
-            stream: Iterator[Any] = _skipped(inner, plan.skip)
+            whole = indexing.batched and indexing.batch_size is None  # a batch sampler of the user's: its batches
+            stream: Iterator[Any] = _skipped(inner, plan.skip, whole)
         else:
             stream = self._stateful_stream(indexing)
         for ordinal, indices in enumerate(_marked(stream, self)):
@@ -205,12 +206,13 @@ def _samples_in(indices: Any, batched: bool) -> int:
     return len(indices) if isinstance(indices, Sized) else 0
 
 
-def _skipped(inner: Any, skip: int) -> Iterator[Any]:
+def _skipped(inner: Any, skip: int, whole: bool) -> Iterator[Any]:
     """The index sampler's batches with the first ``skip`` indices of its order left out, unloaded: whole
-    batches when ``skip`` falls on a batch boundary, else the rest of the order batched afresh."""
+    batches when ``skip`` falls on a batch boundary, else the rest of the order batched afresh. ``whole``:
+    ``skip`` counts the batches of a batch sampler of the user's."""
     if skip == 0:
         return iter(inner)
-    if isinstance(inner, BatchSampler):
+    if isinstance(inner, BatchSampler) and not whole:
         if skip % inner.batch_size == 0:
             return itertools.islice(iter(inner), skip // inner.batch_size, None)
         return _batched(itertools.islice(iter(inner.sampler), skip, None), inner.batch_size, inner.drop_last)

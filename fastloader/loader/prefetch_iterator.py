@@ -62,6 +62,7 @@ class PrefetchIterator(Iterator[Any]):
         self._stats = stats if stats is not None else StageStats()
         self._report, self._report_every = report, report_every
         self._delivered_at: float | None = None  # when the training loop got the previous batch
+        self._ahead: Any = None  # at_end(): the producer's next word, taken but not yet handed out (or its error)
         consumer = torch.cuda.current_stream(copier.device) if copier is not None else None
         produced = map(functools.partial(_arrive, copier=copier, consumer=consumer, stats=self._stats), source)
         self._background: BackgroundGenerator[Any] = BackgroundGenerator(
@@ -87,8 +88,7 @@ class PrefetchIterator(Iterator[Any]):
         progress = self._progress
         while True:
             try:
-                with labelled("wait"):
-                    item, delivery = next(self._background)
+                item, delivery = self._take()
             except StopIteration:
                 if progress is not None:
                     progress.done = True
@@ -119,6 +119,39 @@ class PrefetchIterator(Iterator[Any]):
         self._delivered(item, asked)
         self._length.check(progress.batches if progress is not None else 0)
         return item
+
+    def _take(self) -> tuple[Any, Delivery | None]:
+        """The producer's next word: the one ``at_end`` took ahead, else the next from its queue."""
+        ahead: Any = self._ahead
+        self._ahead = None
+        if isinstance(ahead, BaseException):
+            raise ahead
+        if ahead is not None:
+            return ahead  # type: ignore[no-any-return,unused-ignore]
+        with labelled("wait"):
+            return next(self._background)
+
+    def at_end(self) -> bool:
+        """Whether the epoch has no batch left: waits for the next one (or the end) without handing it out,
+        so that it is not received yet (the resume cursor and the ledger count it at the ``next()`` that
+        returns it). For a loader that must know at a batch whether it is the last (accelerate's
+        ``end_of_dataloader``): a state taken at the last batch then names the next epoch."""
+        progress = self._progress
+        while self._ahead is None:
+            try:
+                item, delivery = self._take()
+            except StopIteration as stop:
+                self._ahead = stop
+                if progress is not None:
+                    progress.done = True
+            except Exception as error:  # noqa: BLE001 - handed to the next next(), as torch's iterator raises it
+                self._ahead = error
+            else:
+                if delivery is not None and delivery.end and progress is not None:
+                    progress.record(delivery)  # a worker's end of data: its state only, never a batch
+                else:
+                    self._ahead = (item, delivery)
+        return isinstance(self._ahead, StopIteration)
 
     def _take_over(self, replacement: PrefetchIterator) -> None:
         """Deliver ``replacement``'s epoch from here on (the training loop holds this iterator); this one's

@@ -47,12 +47,14 @@ from fastloader.loader.dataset_protocols import foreign_state, library_resume
 from fastloader.loader.epoch_progress import Indexing, Plan, Progress
 from fastloader.loader.resume_samplers import (
     batch_unit,
+    loader_world,
+    order_sampler,
     ordering_generator,
     place,
+    replays_batches,
     sampler_epoch,
     sampler_size,
     seed_of,
-    world_of,
 )
 from fastloader.loader.resume_state import VERSION, check_state, encode_rng, encode_workers
 from fastloader.loader.worker_state import WorkerState
@@ -81,6 +83,7 @@ class ResumeCursor:
         # so they are the uninterrupted run's (the training loop's own draws in between aside). None: the
         # global RNG itself decides, as in torch's loader.
         self.seed_stream: torch.Generator | None = None
+        self.skip_next = 0  # skip_first: batches the next iteration leaves out (a replayed batch sampler's)
 
     def bind(self, loader: DataLoaderX[Any]) -> None:
         # A weak reference: a loader <-> cursor cycle would leave every loader (and its persistent workers'
@@ -119,12 +122,31 @@ class ResumeCursor:
             else:
                 loader.set_epoch(self.epoch + 1)
         self.started, self.epoch_set = True, False
-        if self.pending is not None:
-            return self.pending
         current = self.current
-        if current is not None and current.done and current.plan.epoch + 1 == self.epoch:
-            return self._after(current)
-        return Plan(self.epoch)
+        if self.pending is not None:
+            plan = self.pending
+        elif current is not None and current.done and current.plan.epoch + 1 == self.epoch:
+            plan = self._after(current)
+        else:
+            plan = Plan(self.epoch)
+        plan, self.skip_next = self._skipping(plan), 0
+        return plan
+
+    def skip_first(self, batches: int) -> None:
+        """Start the next iteration (the epoch ``set_epoch`` names, or the next in line) at its batch
+        ``batches``, those before it left out unloaded: what ``skip_first_batches`` asks of a loader whose
+        batches are replayed (``fastloader.loader.resume_samplers.replays_batches``). A loaded state takes
+        precedence (it names its own batch)."""
+        if not replays_batches(self.loader):
+            raise ValueError("skip_first needs a loader whose batch sampler is replayed (torch's BatchSampler)")
+        self.skip_next = batches
+
+    def _skipping(self, plan: Plan) -> Plan:
+        skip = self.skip_next
+        if not skip or plan.loaded is not None:
+            return plan
+        samples = skip * (batch_unit(self.loader) or 1)
+        return dataclasses.replace(plan, skip=skip, before=skip, samples_before=samples)
 
     def moved_on(self, progress: Progress) -> int | None:
         """At the first ``next()`` of an iteration a loaded state began: the epoch the training loop went on
@@ -171,7 +193,7 @@ class ResumeCursor:
         elif plan.loaded is not None:
             self.seed_stream = torch.Generator()  # the uninterrupted run's draws go on from the loaded epoch's
             self.seed_stream.set_state(plan.next_rng)
-        sampler = self.loader.sampler
+        sampler = order_sampler(self.loader)
         if isinstance(sampler, TorchRandomSampler) and sampler.generator is None and plan.seed is not None:
             sampler.pin_next_seed(plan.seed)
         library = library_resume(self.loader.dataset)
@@ -197,7 +219,7 @@ class ResumeCursor:
         the same state, give these very numbers. With one (after a resume) they are drawn from it, pinned."""
         loader = self.loader
         own = loader.generator
-        sampler = loader.sampler
+        sampler = order_sampler(loader)
         needs_seed = isinstance(sampler, TorchRandomSampler) and sampler.generator is None
         if not needs_seed and (own is not None or loader.num_workers == 0):
             return plan  # no seed that matters comes from the global RNG: a seeded order, or no workers
@@ -229,7 +251,9 @@ class ResumeCursor:
         """The state after what the training loop received (see the module docstring); never raises."""
         pending = self.pending
         if pending is not None:
-            return copy.deepcopy(pending.loaded) if pending.loaded is not None else self._encode_plan(pending)
+            if pending.loaded is not None:
+                return copy.deepcopy(pending.loaded)
+            return self._encode_plan(self._skipping(pending))
         current = self.current
         if current is None or current.plan.epoch != self.epoch:
             plan = Plan(self.epoch)
@@ -238,7 +262,7 @@ class ResumeCursor:
         else:
             return self._encode_progress(current)
         self.pending = self._pinned(plan)  # the next iteration keeps the seeds this state names
-        return self._encode_plan(self.pending)
+        return self._encode_plan(self._skipping(self.pending))
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Resume from a state (applies to the next ``iter()``); ValueError for a foreign or impossible one."""
@@ -304,7 +328,8 @@ class ResumeCursor:
 
     def _encode_plan(self, plan: Plan) -> dict[str, Any]:
         seeds = (plan.rng, plan.seed, plan.base_seed)
-        encoded = self._encode(plan, *seeds, 0, plan.sampler, plan.workers, plan.next_worker)
+        # before: batches left out before the iteration begins (skip_first); 0 for any other plan not loaded
+        encoded = self._encode(plan, *seeds, plan.before, plan.sampler, plan.workers, plan.next_worker)
         encoded["next_rng"] = encode_rng(plan.next_rng)
         return encoded
 
@@ -349,11 +374,10 @@ class ResumeCursor:
         samples: int | None = None,
     ) -> dict[str, Any]:
         loader = self.loader
-        sampler = loader.sampler
-        world, rank = world_of(sampler)
+        world, rank = loader_world(loader)
         layout = plan.layout or world
-        batch = loader.batch_size or 1
-        total = sampler_size(sampler, layout)
+        batch = batch_unit(loader) or 1
+        total = sampler_size(order_sampler(loader), layout)
         # The iteration's batches, all of `batch` samples but the epoch's last: the cut at `total` covers it.
         position = plan.start + count * batch * world
         if total is not None:

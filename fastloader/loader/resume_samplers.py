@@ -1,4 +1,4 @@
-"""Where a loaded state puts each kind of sampler (see ``fastloader.loader.resume`` for the three kinds)."""
+"""Where a loaded state puts each kind of sampler (see ``fastloader.loader.resume`` for the kinds)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,50 @@ _GENERATOR_SAMPLERS = (tud.RandomSampler, tud.WeightedRandomSampler, tud.SubsetR
 _REPLAYED = (*_GENERATOR_SAMPLERS, tud.SequentialSampler, tud.DistributedSampler)
 
 
+def _accelerates(obj: Any, name: str) -> bool:
+    """Whether ``obj`` is accelerate's class ``name`` (recognised by name: the loader never imports accelerate)."""
+    kind = type(obj)
+    return kind.__module__ == "accelerate.data_loader" and kind.__qualname__ == name
+
+
+def _accelerate_shard(batch_sampler: Any) -> bool:
+    """accelerate's BatchSamplerShard: its rank's part of another batch sampler's batches, a function of
+    that one's order."""
+    return _accelerates(batch_sampler, "BatchSamplerShard")
+
+
+def replays_batches(loader: DataLoaderX[Any]) -> bool:
+    """Whether the loader's batches come from a batch sampler of the user's whose batches follow its
+    sampler's order alone (torch's BatchSampler, or accelerate's BatchSamplerShard over one, as
+    ``fastloader.integrations.accelerate`` gives it): an epoch is replayed whole batches at a time."""
+    if not loader._plan.user_batch_sampler or isinstance(loader.dataset, IterableDataset):
+        return False
+    target: Any = loader.batch_sampler
+    if _accelerate_shard(target):
+        target = target.batch_sampler
+    return type(target) is tud.BatchSampler
+
+
+def order_sampler(loader: DataLoaderX[Any]) -> Any:
+    """The sampler whose order decides the epoch: the loader's, or the one inside a batch sampler replayed."""
+    if not replays_batches(loader):
+        return loader.sampler
+    target: Any = loader.batch_sampler
+    return target.batch_sampler.sampler if _accelerate_shard(target) else target.sampler
+
+
+def loader_world(loader: DataLoaderX[Any]) -> tuple[int, int]:
+    """``(world size, rank)`` the loader's order is split for."""
+    target: Any = loader.batch_sampler
+    if replays_batches(loader) and _accelerate_shard(target):
+        return int(target.num_processes), int(target.process_index)
+    return world_of(order_sampler(loader))
+
+
 def ordering_generator(loader: DataLoaderX[Any]) -> torch.Generator | None:
     """The generator whose state decides an epoch's order: the sampler's own (torch's random samplers),
     else the loader's (it also draws the workers' base seed); None when torch's global RNG decides."""
-    sampler = loader.sampler
+    sampler = order_sampler(loader)
     generator = getattr(sampler, "generator", None) if isinstance(sampler, _GENERATOR_SAMPLERS) else None
     if generator is None:
         generator = loader.generator
@@ -42,7 +82,7 @@ def ordering_generator(loader: DataLoaderX[Any]) -> torch.Generator | None:
 
 def sampler_epoch(loader: DataLoaderX[Any]) -> int | None:
     """The epoch the sampler itself holds (torch's and fastloader's samplers have ``epoch``), if any."""
-    for target in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+    for target in (loader.sampler, getattr(loader.batch_sampler, "sampler", None), order_sampler(loader)):
         epoch = getattr(target, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             return epoch
@@ -70,13 +110,17 @@ def sampler_size(sampler: Any, layout: int) -> int | None:
 
 
 def seed_of(loader: DataLoaderX[Any], torch_seed: int | None) -> int:
-    if isinstance(loader.sampler, TorchRandomSampler):
+    sampler = order_sampler(loader)
+    if isinstance(sampler, TorchRandomSampler):
         return torch_seed if torch_seed is not None else 0
-    return int(getattr(loader.sampler, "seed", 0))
+    seed = getattr(sampler, "seed", 0)
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
 
 
 def stateful_indexer(loader: DataLoaderX[Any]) -> Any:
     """The sampler (or user batch sampler) whose own state is saved, or None (fastloader's, or replayed)."""
+    if replays_batches(loader):
+        return None
     target = loader.batch_sampler if loader._plan.user_batch_sampler else loader.sampler
     if isinstance(target, (EpochSampler, ShardWindowSampler, TorchRandomSampler)):
         return None
@@ -116,6 +160,9 @@ def place(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
             _check_iterable(loader, values)
         fields["before"] = values["batches_yielded"]
         return fields
+    if replays_batches(loader):
+        fields.update(_replay_batches(loader, values, position))
+        return fields
     indexer = stateful_indexer(loader)
     if indexer is not None:
         saved_state = values["sampler"]
@@ -137,6 +184,11 @@ def place(loader: DataLoaderX[Any], values: dict[str, Any]) -> dict[str, Any]:
 
 def batch_unit(loader: DataLoaderX[Any]) -> int | None:
     """The samples in each of the loader's batches (the last may be short); None: a batch sampler's own."""
+    if replays_batches(loader):
+        target: Any = loader.batch_sampler
+        if _accelerate_shard(target) and target.split_batches:
+            return int(target.batch_size) // int(target.num_processes)
+        return int(target.batch_size)
     if loader._plan.user_batch_sampler:
         return None
     return loader.batch_size or 1
@@ -221,6 +273,8 @@ def _position(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -
     epoch, seed, layout = values["epoch"], values["seed"], values["layout"]
     if isinstance(sampler, DistributedSampler):
         position = min(position, sampler.layout_size(layout))
+        if position == 0:  # the epoch's start: laid out for this world size, as its uninterrupted run has it
+            layout = sampler.num_replicas
         if layout == sampler.num_replicas and position % layout == 0:
             sampler.load_state_dict({"epoch": epoch, "seed": seed, "offset": position // layout})
         else:
@@ -270,6 +324,47 @@ def _replay(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> 
     position = min(position, size) if size is not None else position
     # Samples of this rank's order left out: a multiple of the new batch size or not.
     return {"start": position, "layout": world, "skip": position // world, "seed": seed}
+
+
+def _replay_batches(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> dict[str, Any]:
+    """A replayed batch sampler's epoch rebuilt as it began (what decides its sampler's order put back), the
+    batches already received left out, unloaded. ``position``: in samples of the epoch's global order."""
+    sampler = order_sampler(loader)
+    world, _rank = loader_world(loader)
+    unit = batch_unit(loader) or 1
+    received = values["batches_yielded"] > 0 or bool(values["after"])
+    if received and values["layout"] != world:
+        raise ValueError(
+            f"the state comes from {values['layout']} ranks, this loader runs on {world}: the batches of"
+            f" {_name(loader.batch_sampler)} cannot be re-split over other ranks; resume with {values['layout']}"
+        )
+    if received and position % (unit * world):
+        raise ValueError(
+            f"the state stops at sample {position} of epoch {values['epoch']}, which is not at a batch of"
+            f" {_name(loader.batch_sampler)} (batch_size={unit} on {world} ranks): resume with"
+            f" batch_size={values['batch_size']}"
+        )
+    if received and not _reproducible(sampler):
+        raise ValueError(
+            f"cannot resume this loader mid-epoch exactly: the order of {_name(sampler)} is not known to be"
+            " reproducible (pass it a generator=, or use seed= on DataLoaderX)"
+        )
+    seed = None
+    if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
+        seed = values["seed"] if position > 0 or values["version"] >= 3 else None
+    if callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(values["epoch"])
+    skip = position // (unit * world)
+    return {"start": 0, "layout": world, "skip": skip, "before": skip, "seed": seed}
+
+
+def _reproducible(sampler: Any) -> bool:
+    """Whether an epoch's order of ``sampler`` can be drawn again from what a state records."""
+    if isinstance(sampler, (EpochSampler, TorchRandomSampler, tud.SequentialSampler, tud.DistributedSampler)):
+        return True
+    if _accelerates(sampler, "SeedableRandomSampler"):  # use_seedable_sampler: its order is (data_seed, epoch)
+        return True
+    return isinstance(sampler, _GENERATOR_SAMPLERS) and isinstance(getattr(sampler, "generator", None), torch.Generator)
 
 
 def _cannot(loader: DataLoaderX[Any], indexer: Any) -> ValueError:

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from fastloader import DataLoaderX
+from fastloader.loader.resume_samplers import order_sampler
 from fastloader.samplers import RandomSampler
 from tests.integrations.common import BATCH, LENGTH, Items, reset_accelerate
 from tests.toy_datasets import Counting
@@ -143,7 +144,7 @@ def test_use_seedable_sampler_resumes(accelerator_of: Make) -> None:
         return prepare(accelerator_of(use_seedable_sampler=True, data_seed=11), loader())
 
     prepared = make(0)
-    assert type(prepared._order_sampler()).__name__ == "SeedableRandomSampler"
+    assert type(order_sampler(prepared.base_dataloader)).__name__ == "SeedableRandomSampler"
     first = epoch(prepared)  # epoch 0
     taken = []
     for _x, indices in prepared:  # epoch 1: 4 batches, then a break
@@ -184,21 +185,57 @@ class GlobalOrder(Sampler[int]):
 def test_load_state_dict_refuses_what_it_cannot_resume(accelerator_of: Make) -> None:
     accelerator = accelerator_of()
     prepared = prepare(accelerator, loader(seed=1))
+    with pytest.raises(ValueError, match=r"DataLoaderX state version None is not supported"):
+        prepared.load_state_dict({"epoch": 0})
     with pytest.raises(ValueError, match=r"not a fastloader.integrations.accelerate/1 loader state: expected the keys"):
-        prepared.load_state_dict(prepared.base_dataloader.state_dict())  # DataLoaderX's own state
+        prepared.load_state_dict({"format": "fastloader.integrations.accelerate/1", "epoch": 0})
     other = prepare(accelerator, DataLoaderX(Items(), batch_size=4, seed=1, shuffle=True))
-    with pytest.raises(ValueError, match=r"comes from \{'num_processes': 1, 'total_batch_size': 4\}, this loader"):
+    batches = iter(other)
+    for _ in range(3):
+        next(batches)
+    with pytest.raises(ValueError, match=r"stops at sample 12 of epoch 0, which is not at a batch of .*batch_size=8"):
         prepared.load_state_dict(other.state_dict())
     for made, problem in (
         (DataLoaderX(Items(), batch_size=BATCH, sampler=GlobalOrder()), "the order of tests.integrations"),
-        (DataLoaderX(Counting(40), batch_size=4), "Counting is an IterableDataset, whose order is its own"),
+        (DataLoaderX(Items(), batch_size=BATCH, shuffle=True, generator=None), None),
     ):
         source = prepare(accelerator, made)
         fresh_state = source.state_dict()  # at the start of an epoch: always resumable
         next(iter(source))
-        with pytest.raises(ValueError, match=f"cannot resume this loader mid-epoch exactly: {problem}"):
-            source.load_state_dict(source.state_dict())
+        if problem is not None:
+            with pytest.raises(ValueError, match=f"cannot resume this loader mid-epoch exactly: {problem}"):
+                source.load_state_dict(source.state_dict())
         source.load_state_dict(fresh_state)
+
+
+def test_a_state_of_the_former_accelerate_format_still_loads(accelerator_of: Make) -> None:
+    """States saved before the prepared loader's state was DataLoaderX's own are converted."""
+    accelerator = accelerator_of()
+    reference = prepare(accelerator, loader(seed=1))
+    reference.set_epoch(1)
+    whole = epoch(reference)
+    prepared = prepare(accelerator, loader(seed=1))
+    old = {
+        "format": "fastloader.integrations.accelerate/1",
+        "epoch": 1,
+        "batches_yielded": 3,
+        "num_processes": 1,
+        "total_batch_size": BATCH,
+        "rng": "",
+        "seed": -1,
+    }
+    prepared.load_state_dict(old)
+    assert prepared.iteration == 1 and epoch(prepared) == whole[3:]
+
+
+def test_an_iterable_dataset_resumes_mid_epoch_as_a_dataloaderx_does(accelerator_of: Make) -> None:
+    prepared = prepare(accelerator_of(), DataLoaderX(Counting(10), batch_size=4))
+    batches = iter(prepared)
+    assert next(batches).tolist() == [0, 1, 2, 3]
+    state = prepared.state_dict()
+    resumed = prepare(accelerator_of(), DataLoaderX(Counting(10), batch_size=4))
+    resumed.load_state_dict(state)
+    assert [batch.tolist() for batch in resumed] == [[4, 5, 6, 7], [8, 9]]
 
 
 def test_dispatch_batches_is_refused(accelerator_of: Make) -> None:
@@ -275,3 +312,61 @@ def test_accelerates_skip_first_batches_of_an_iterable_dataset_is_refused(accele
     with pytest.raises(ValueError, match=r"Call loader\.skip_first_batches\(n\) \(the loader's own method\)"):
         next(iter(accelerator.skip_first_batches(prepared, 1)))
     assert [batch.tolist() for batch in prepared.skip_first_batches(1)] == [[4, 5, 6, 7], [8, 9]]
+
+
+def test_a_resume_in_a_later_epoch_without_a_generator_goes_on_with_new_orders(accelerator_of: Make) -> None:
+    """shuffle=True on one process, no generator: each epoch's order is a draw of torch's global RNG. A state
+    taken in epoch 1 and loaded after a restart (another global seed) gives the rest of epoch 1 and then the
+    uninterrupted run's epochs 2 and 3, never epoch 1's order again."""
+
+    def make(seed: int) -> PreparedLoader:
+        torch.manual_seed(seed)
+        return prepare(accelerator_of(), loader(num_workers=2))
+
+    prepared = make(0)
+    uninterrupted = [epoch(prepared) for _ in range(4)]
+    prepared = make(0)
+    epoch(prepared)
+    taken = []
+    for _x, indices in prepared:  # epoch 1: 3 batches, then the crash
+        taken.append(indices.tolist())
+        if len(taken) == 3:
+            break
+    state = prepared.state_dict()
+    resumed = make(1)
+    resumed.load_state_dict(state)
+    assert taken + epoch(resumed) == uninterrupted[1]
+    assert [epoch(resumed), epoch(resumed)] == uninterrupted[2:]
+
+
+@pytest.mark.parametrize("seed", [7, None])
+def test_a_prepared_loader_and_a_plain_dataloaderx_resume_each_others_state(accelerator_of: Make, seed: Any) -> None:
+    """One resume implementation: the prepared loader's state is DataLoaderX's own, so a plain DataLoaderX over
+    the same data (one process: accelerate's shard is the whole order) continues it identically, and the
+    prepared loader continues the plain loader's state."""
+
+    def plain() -> DataLoaderX[Any]:
+        torch.manual_seed(3)
+        return loader(seed=seed)
+
+    def prepared_loader() -> PreparedLoader:
+        torch.manual_seed(3)
+        return prepare(accelerator_of(), loader(seed=seed))
+
+    reference = plain()
+    uninterrupted = [epoch(reference) for _ in range(3)]
+    assert uninterrupted == [epoch(made) for made in [prepared_loader()] for _ in range(3)]
+    for source, target in ((prepared_loader, plain), (plain, prepared_loader)):
+        interrupted = source()
+        epoch(interrupted)
+        taken = []
+        for _x, indices in interrupted:
+            taken.append(indices.tolist())
+            if len(taken) == 5:
+                break
+        state = interrupted.state_dict()
+        torch.manual_seed(9)  # as after a restart: the order does not come from the global RNG now
+        resumed = target()
+        resumed.load_state_dict(state)
+        assert taken + epoch(resumed) == uninterrupted[1]
+        assert epoch(resumed) == uninterrupted[2]

@@ -269,3 +269,20 @@ def test_iterable_dataset_resumes_by_fast_forward(workers: int) -> None:
     other = DataLoaderX(Counting(), batch_size=3, num_workers=1 if workers else 2)
     with pytest.raises(ValueError, match="same num_workers"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (2, 3)])
+def test_a_state_at_an_epochs_start_resumes_the_whole_epoch_laid_out_for_the_new_world(before: int, after: int) -> None:
+    """A state taken after an epoch's end names the next epoch at its start: on another number of ranks that
+    epoch is the uninterrupted run's at the new world size (21 samples over 1 rank: 21, not 2 ranks' 22)."""
+    source = DataLoaderX(Indices(21), batch_size=5, sampler=DistributedSampler(21, num_replicas=before, rank=0, seed=1))
+    list(source)
+    state = json.loads(json.dumps(source.state_dict()))
+    assert (state["epoch"], state["batches_yielded"]) == (1, 0)
+    for rank in range(after):
+        sampler = DistributedSampler(21, num_replicas=after, rank=rank, seed=1)
+        resumed = DataLoaderX(Indices(21), batch_size=5, sampler=sampler)
+        resumed.load_state_dict(state)
+        uninterrupted = DistributedSampler(21, num_replicas=after, rank=rank, seed=1)
+        uninterrupted.set_epoch(1)
+        assert [i for batch in resumed for i in batch.tolist()] == list(uninterrupted)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from fastloader import DataLoaderX
 from fastloader.samplers import TorchRandomSampler
@@ -166,3 +166,21 @@ def test_a_pinned_seed_orders_the_epoch_and_leaves_the_global_rng_as_torch_does(
     sampler.pin_next_seed(12345)
     list(sampler)
     assert torch.rand(1).item() == after_draw  # one draw consumed, as torch's sampler consumes
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_a_batch_sampler_of_torchs_over_a_replayable_order_resumes(k: int) -> None:
+    """batch_sampler=torch's BatchSampler: its batches follow its sampler's order, so the epoch is replayed
+    whole batches at a time (accelerate's prepared loader reads its shard this way)."""
+
+    def made(seed: int) -> DataLoaderX[Any]:
+        order = RandomSampler(Indices(), generator=torch.Generator().manual_seed(seed))
+        return DataLoaderX(Indices(), batch_sampler=BatchSampler(order, 4, False))
+
+    expected = epochs(made(5), 2)
+    interrupted = made(5)
+    epochs(interrupted, 1)
+    taken = first(interrupted, k)
+    resumed = made(6)  # another seed: the order is the state's
+    resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    assert taken + epochs(resumed, 1)[0] == expected[1]

@@ -7,7 +7,8 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
 epochs cut short), a worker SIGKILLed while idle, and a resume at a random batch of a random epoch, loaded
-in a fresh loader with another ``batch_size`` or ``num_workers``.
+in a fresh loader with another ``batch_size`` or ``num_workers``, or on another number of ranks (``ranks`` →
+``resume_ranks``: simulated ranks in one process, each its own loader over the split of its rank).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Case:
     resume: tuple[int, int] | None  # (epoch, batch) at which the state is taken
     resume_batch_size: int
     resume_workers: int
+    ranks: int = 1  # > 1: the case runs on that many simulated ranks (orders "seed" and "distributed")
+    resume_ranks: int = 1
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -93,6 +96,13 @@ def draw(seed: int) -> Case:
             resume_batch_size = rng.randint(2, 5) if dataset == "killer_always" else rng.randint(1, 5)
         if rng.random() < 0.7 and dataset not in ("killer_once", "killer_always"):
             resume_workers = rng.randint(0, 3)
+    ranks = resume_ranks = 1
+    if resume is not None and dataset == "map" and loop != "cut" and rng.random() < 0.7:
+        # Ranks: fastloader's own split (re-split at another world size) or torch's (the same world size only).
+        order, in_order, drop_last = rng.choice(["seed", "distributed"]), True, False
+        ranks = rng.randint(1, 3)
+        resume_ranks = rng.randint(1, 3) if rng.random() < 0.6 else ranks
+        resume_batch_size = batch_size
     return Case(
         seed=seed,
         dataset=dataset,
@@ -114,4 +124,6 @@ def draw(seed: int) -> Case:
         resume=resume,
         resume_batch_size=resume_batch_size,
         resume_workers=resume_workers,
+        ranks=ranks,
+        resume_ranks=resume_ranks,
     )

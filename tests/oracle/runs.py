@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, WeightedRandomSampl
 
 from fastloader import DataLoaderX
 from fastloader.datasets import ImageFolder
+from fastloader.samplers import DistributedSampler as SplitSampler
 from fastloader.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 from tests.images import image_bytes
 from tests.oracle.cases import Case
@@ -112,6 +113,18 @@ def make_loader(
         args["shuffle"] = True
         extras["seed"] = case.seed
     return DataLoaderX(dataset, **args, **extras)
+
+
+def rank_loader(case: Case, dataset: Any, ranks: int, rank: int, workers: int) -> DataLoaderX[Any]:
+    """Rank ``rank`` of ``ranks`` simulated in this process: a DataLoaderX over that rank's split (fastloader's
+    own for the order "seed", torch's DistributedSampler for "distributed"), its replicas and rank explicit."""
+    if case.order == "seed":
+        sampler: Any = SplitSampler(len(dataset), num_replicas=ranks, rank=rank, seed=case.seed)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, seed=case.seed)
+    args = loader_args(case, dataset, case.batch_size, workers)
+    args.pop("shuffle", None)
+    return DataLoaderX(dataset, **{**args, "sampler": sampler}, stall_warning=None)
 
 
 def records(batch: Any, images: bool) -> list[Record]:

@@ -15,7 +15,12 @@ where it is exact (every case but these); otherwise a small specification of the
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
   generators, which a checkpoint of the training loop restores, not the loader: keys only there); a resume
   DataLoaderX refuses (a user sampler that records nothing; ``drop_last`` at another batch size) must be a
-  ValueError saying why.
+  ValueError saying why;
+* ranks (``ranks`` simulated ranks, each its own loader, every rank's state taken at the same batch and loaded
+  on ``resume_ranks`` ranks): over the ranks, every sample of the epoch's rest delivered (repeated only as the
+  splits' padding repeats it), and per rank the epochs after it as the uninterrupted run on ``resume_ranks``
+  ranks gives them; the same world size gives each rank its own uninterrupted epoch. torch's
+  DistributedSampler at another world size is refused with a ValueError (docs/guide/resume.md). Keys only.
 
 ``make test`` runs the fixed seeds below (about 3 minutes on 2 cores); ``make fuzz N=...`` draws more
 (``FASTLOADER_FUZZ_SEEDS``: a count, or ``start:count``). A failure names the seed and the whole case: run one
@@ -42,6 +47,7 @@ from tests.oracle.runs import (
     interrupted,
     kill_a_worker,
     make_loader,
+    rank_loader,
     seed_all,
 )
 
@@ -137,12 +143,64 @@ def check_resume(case: Case, world: World, uninterrupted: list[list[Record]]) ->
         assert _same(case, ours, theirs, keys_only), f"epoch {epoch + number} after the resume: {ours}"
 
 
+def _keys(records: list[Record]) -> list[Any]:
+    return [key for key, _ in records]
+
+
+def check_ranks(case: Case, world: World) -> None:
+    """A resume from ``case.ranks`` simulated ranks onto ``case.resume_ranks`` (see the module docstring)."""
+    assert case.resume is not None
+    before, after = case.ranks, case.resume_ranks
+
+    def loaders(ranks: int, workers: int, run: str) -> list[Any]:
+        return [rank_loader(case, world.dataset(run=f"{run}{rank}"), ranks, rank, workers) for rank in range(ranks)]
+
+    seed_all(SEED)
+    reference = [epochs(case, loader) for loader in loaders(after, case.resume_workers, "reference")]
+    seed_all(SEED)
+    runs = [interrupted(case, loader) for loader in loaders(before, case.workers, "interrupted")]
+    ended = runs[0][2]
+    assert all(run[2] == ended for run in runs), "the ranks did not stop in lockstep"
+    seed_all(OTHER_SEED)
+    resumed = loaders(after, case.resume_workers, "resumed")
+    try:
+        for rank, loader in enumerate(resumed):
+            loader.load_state_dict(runs[rank % before][1])
+    except ValueError as error:
+        assert case.order == "distributed" and before != after, f"an exact resume was refused: {error}"
+        return
+    assert case.order == "seed" or before == after, "torch's DistributedSampler was re-split"
+    epoch = case.resume[0] + 1 if ended else case.resume[0]
+    received = 0 if ended else case.resume[1] + 1
+    rests = [epochs(case, loader, first=epoch, received=received) for loader in resumed]
+    if not ended:
+        if before == after:
+            for rank in range(after):
+                got = _keys(runs[rank][0][-1]) + _keys(rests[rank][0])
+                assert got == _keys(reference[rank][epoch]), f"rank {rank}, epoch {epoch} after the resume: {got}"
+        delivered = Counter(key for run in runs for key in _keys(run[0][-1]))
+        delivered.update(key for rest in rests for key in _keys(rest[0]))
+        # the old layout's padding, and the re-split rest's (at most one index per new rank)
+        padding = -(-case.size // before) * before - case.size + after - 1
+        missing = set(range(case.size)) - set(delivered)
+        assert not missing, f"epoch {epoch}: samples {sorted(missing)} never delivered over the ranks"
+        extra = sum(delivered.values()) - case.size
+        assert extra <= padding, f"epoch {epoch}: {extra} samples delivered twice (padding {padding}): {delivered}"
+        rests, epoch = [rest[1:] for rest in rests], epoch + 1
+    for rank in range(after):
+        for number, (ours, theirs) in enumerate(zip(rests[rank], reference[rank][epoch:], strict=True)):
+            assert _keys(ours) == _keys(theirs), f"rank {rank}, epoch {epoch + number} after the resume: {ours}"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", _seeds())
 def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path) -> None:
     case = draw(seed)
     world = World(case, tmp_path)
     try:
+        if case.ranks > 1 or case.resume_ranks > 1:
+            check_ranks(case, world)
+            return
         uninterrupted = check_uninterrupted(case, world)
         if case.resume is not None:
             check_resume(case, world, uninterrupted)
@@ -169,3 +227,4 @@ def test_the_draws_cover_every_axis() -> None:
     assert any(case.resume and case.resume_batch_size != case.batch_size for case in cases)
     assert any(case.resume and case.resume_workers != case.workers for case in cases)
     assert any(case.resume and case.resume[0] > 0 for case in cases)
+    assert any(case.ranks != case.resume_ranks for case in cases)
