@@ -54,7 +54,7 @@ class Recorder(Dataset[Any]):
     def __len__(self) -> int:
         return 12
 
-    def __getitem__(self, index: int) -> int:
+    def __getitem__(self, index: int) -> torch.Tensor:
         infos = [alias() for alias in ALIASES]
         info = infos[0]
         Recorder.seen.append(
@@ -66,7 +66,7 @@ class Recorder(Dataset[Any]):
                 "main_sees": None,
             }
         )
-        return index
+        return torch.tensor([index])  # default_collate stacks tensors: in shared memory when it sees a worker
 
 
 def test_worker_info_is_torchs_thread_worker_info_in_each_thread() -> None:
