@@ -99,7 +99,6 @@ from types import SimpleNamespace
 from typing import Any, Protocol, cast
 
 import numpy as np
-
 import torch
 import torch.autograd.profiler as _profiler
 import torch.utils.data._utils.collate as _collate

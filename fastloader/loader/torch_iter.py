@@ -20,7 +20,6 @@ from fastloader.loader.dataset_protocols import stateful
 from fastloader.loader.epoch_progress import EpochIndices, Progress
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
-from fastloader.loader.workers.thread import ThreadBackend
 from fastloader.loader.worker_restart import WorkerRestarts, restart_policy
 from fastloader.loader.worker_state import (
     FetchMarks,
@@ -29,6 +28,7 @@ from fastloader.loader.worker_state import (
     WorkerStart,
     restore_dataset,
 )
+from fastloader.loader.workers.thread import ThreadBackend
 from fastloader.torch_internals import (
     LoaderView,
     MultiProcessIterStartingAt,

@@ -6,8 +6,10 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle, and a resume at a random batch of a random epoch, loaded
-in a fresh loader with another ``batch_size`` or ``num_workers``.
+epochs cut short), a worker SIGKILLed while idle, a resume at a random batch of a random epoch, loaded
+in a fresh loader with another ``batch_size`` or ``num_workers``, and ``worker_method`` ("process" or
+"thread", for the run and, independently, for the resumed loader: a state moves between the modes). Thread
+workers are not drawn with a sample or a signal that kills a worker: that would kill the test's process.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Case:
     resume: tuple[int, int] | None  # (epoch, batch) at which the state is taken
     resume_batch_size: int
     resume_workers: int
+    worker_method: str = "process"
+    resume_worker_method: str = "process"
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -93,6 +97,10 @@ def draw(seed: int) -> Case:
             resume_batch_size = rng.randint(2, 5) if dataset == "killer_always" else rng.randint(1, 5)
         if rng.random() < 0.7 and dataset not in ("killer_once", "killer_always"):
             resume_workers = rng.randint(0, 3)
+    # Drawn last: the axes above draw what they drew before this one existed.
+    killers = dataset in ("killer_once", "killer_always") or kill_idle is not None
+    worker_method = "thread" if workers > 0 and not killers and rng.random() < 0.4 else "process"
+    resume_worker_method = "thread" if resume_workers > 0 and not killers and rng.random() < 0.4 else "process"
     return Case(
         seed=seed,
         dataset=dataset,
@@ -114,4 +122,6 @@ def draw(seed: int) -> Case:
         resume=resume,
         resume_batch_size=resume_batch_size,
         resume_workers=resume_workers,
+        worker_method=worker_method,
+        resume_worker_method=resume_worker_method,
     )

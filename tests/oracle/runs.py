@@ -100,7 +100,13 @@ def loader_args(case: Case, dataset: Any, batch_size: int, workers: int) -> dict
 
 
 def make_loader(
-    case: Case, dataset: Any, *, torch_loader: bool = False, batch_size: int | None = None, workers: int | None = None
+    case: Case,
+    dataset: Any,
+    *,
+    torch_loader: bool = False,
+    batch_size: int | None = None,
+    workers: int | None = None,
+    worker_method: str | None = None,
 ) -> Any:
     batch = case.batch_size if batch_size is None else batch_size
     count = case.workers if workers is None else workers
@@ -108,6 +114,7 @@ def make_loader(
     if torch_loader:
         return DataLoader(dataset, **args)
     extras: dict[str, Any] = {"stall_warning": None}
+    extras["worker_method"] = case.worker_method if worker_method is None else worker_method
     if case.order == "seed":
         args["shuffle"] = True
         extras["seed"] = case.seed

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.utils.data import IterDataPipe
 
 from fastloader.loader.stage_clock import StampedIndices
@@ -43,7 +44,7 @@ from fastloader.torch_internals import (
 )
 
 
-class WorkerQueue(queue.Queue):  # type: ignore[type-arg]
+class WorkerQueue(queue.Queue[Any]):
     """A queue between threads, with the methods torch's iterator calls on a ``multiprocessing.Queue``."""
 
     def close(self) -> None:
@@ -129,9 +130,7 @@ def thread_worker_loop(
     parts = thread_worker_parts()
     dataset = copy.copy(dataset_holder.pop())
     shared_rng = None
-    if isinstance(dataset, IterDataPipe):
-        import torch
-
+    if isinstance(dataset, IterDataPipe) and shared_seed is not None:  # torch's sharding of a DataPipe
         shared_rng = torch.Generator()
         shared_rng.manual_seed(shared_seed)
         dataset = parts.apply_random_seed(dataset, shared_rng)
