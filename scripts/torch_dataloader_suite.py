@@ -42,10 +42,14 @@ from pathlib import Path
 
 REBIND_LINE = "from fastloader import DataLoaderX as {name}  # inserted by scripts/torch_dataloader_suite.py\n"
 # --worker-method: every loader the tests build runs its workers so (DataLoaderX's worker_method=, forced)
-FORCED_LINES = """from fastloader import DataLoaderX as _DataLoaderX  # inserted by scripts/torch_dataloader_suite.py
+FORCED_LINES = """from typing import TypeVar as _TypeVar  # inserted by scripts/torch_dataloader_suite.py
+
+from fastloader import DataLoaderX as _DataLoaderX
+
+_T = _TypeVar("_T")
 
 
-class {name}(_DataLoaderX):  # worker_method={method!r} forced (scripts/torch_dataloader_suite.py)
+class {name}(_DataLoaderX[_T]):  # worker_method={method!r} forced (scripts/torch_dataloader_suite.py)
     def __init__(self, *args, worker_method={method!r}, **kwargs):
         super().__init__(*args, worker_method=worker_method, **kwargs)
 
