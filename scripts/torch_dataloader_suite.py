@@ -41,6 +41,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REBIND_LINE = "from fastloader import DataLoaderX as {name}  # inserted by scripts/torch_dataloader_suite.py\n"
+# --worker-method: every loader the tests build runs its workers so (DataLoaderX's worker_method=, forced)
+FORCED_LINES = """from typing import TypeVar as _TypeVar  # inserted by scripts/torch_dataloader_suite.py
+
+from fastloader import DataLoaderX as _DataLoaderX
+
+_T = _TypeVar("_T")
+
+
+class {name}(_DataLoaderX[_T]):  # worker_method={method!r} forced (scripts/torch_dataloader_suite.py)
+    def __init__(self, *args, worker_method={method!r}, **kwargs):
+        super().__init__(*args, worker_method=worker_method, **kwargs)
+
+
+"""
 VARIANTS = ("stock", "dataloaderx")
 
 
@@ -60,9 +74,10 @@ class RunResult:
     messages: dict[str, str] = field(default_factory=dict)  # test id -> first line of the failure
 
 
-def rebind_dataloader(source: str, name: str = "DataLoader") -> tuple[str, int]:
-    """Return ``source`` with ``name`` rebound to DataLoaderX after the module's imports, and the
-    number of ``torch.utils.data.DataLoader`` attribute call sites the rebinding does not reach.
+def rebind_dataloader(source: str, name: str = "DataLoader", worker_method: str | None = None) -> tuple[str, int]:
+    """Return ``source`` with ``name`` rebound to DataLoaderX after the module's imports (to a subclass whose
+    ``worker_method`` defaults to ``worker_method``, when given), and the number of
+    ``torch.utils.data.DataLoader`` attribute call sites the rebinding does not reach.
 
     Raises ValueError when the module does not import ``name`` at top level or binds it again after
     its imports (the rebinding would then not be what the tests use).
@@ -91,7 +106,10 @@ def rebind_dataloader(source: str, name: str = "DataLoader") -> tuple[str, int]:
             raise ValueError(f"{name} is bound again at line {node.lineno}: the rebinding would not hold")
     lines = source.splitlines(keepends=True)
     cut = last_import.end_lineno
-    rewritten = "".join(lines[:cut]) + REBIND_LINE.format(name=name) + "".join(lines[cut:])
+    rebind = (
+        REBIND_LINE.format(name=name) if worker_method is None else FORCED_LINES.format(name=name, method=worker_method)
+    )
+    rewritten = "".join(lines[:cut]) + rebind + "".join(lines[cut:])
     unreached = sum(
         1
         for sub in ast.walk(tree)
@@ -228,12 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-timeout", type=int, default=900, help="limit for one whole run in seconds")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression for both runs (deselect known hangs)")
     parser.add_argument("--only", choices=VARIANTS, help="run one variant only")
+    parser.add_argument(
+        "--worker-method",
+        choices=("process", "thread"),
+        help="force DataLoaderX's worker_method in the dataloaderx copy (default: the loader's own default)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
 
     source = args.suite.read_text()
     ast.parse(source)  # fail early on a truncated copy
-    rebound, unreached = rebind_dataloader(source, args.name)
+    rebound, unreached = rebind_dataloader(source, args.name, args.worker_method)
     workdir = args.workdir or args.suite.resolve().parent / "runs"
     sources = {"stock": source, "dataloaderx": rebound}
     results: dict[str, RunResult] = {}

@@ -55,7 +55,8 @@ def allocate_batch(count: int, height: int, width: int) -> torch.Tensor:
     slot = batch_ring.take(count * height * width * 3)
     if slot is not None:
         return slot.view(shape)
-    if get_worker_info() is None:
+    info = get_worker_info()
+    if info is None or info.worker_method == "thread":  # a thread worker's batch stays in this process
         buffer = torch.empty(shape, dtype=torch.uint8)
     else:
         # Shared from the start: the worker's queue then sends a handle to it instead of copying it.

@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from fastloader.loader.nested import iter_tensors
+from fastloader.loader.workers.thread import iterate as thread_iterate
 
 log = logging.getLogger("fastloader")
 GAIN = 1.10  # a step up in workers must give 10% more images/s to be kept
@@ -203,6 +204,7 @@ def _trial(
     ours = not loader.timeout or remaining < loader.timeout  # whose timeout a "timed out" error is
     batch_size = loader.batch_size or 1
     batches = [indices[i : i + batch_size].tolist() for i in range(0, len(indices) - batch_size + 1, batch_size)]
+    threads = getattr(loader, "worker_method", "process") == "thread"  # the trials' workers are the loader's kind
     trial = DataLoader(
         loader.dataset,
         batch_sampler=batches,
@@ -214,7 +216,7 @@ def _trial(
         prefetch_factor=prefetch,
         timeout=remaining if ours else loader.timeout,
     )
-    iterator: Iterator[Any] = iter(trial)
+    iterator: Iterator[Any] = thread_iterate(trial) if threads else iter(trial)
     try:
         return _timed(iterator, workers, deadline)
     except RuntimeError as error:

@@ -37,6 +37,7 @@ from fastloader.loader.resume import ResumeCursor
 from fastloader.loader.runtime import LoaderRuntime
 from fastloader.loader.stage_stats import StageStats
 from fastloader.loader.torch_iter import make_iterator
+from fastloader.loader.workers import check_worker_method
 from fastloader.torch_internals import drop_persistent_iterator, persistent_iterator
 
 T_co = TypeVar("T_co", covariant=True)
@@ -96,6 +97,12 @@ class DataLoaderX(DataLoader[T_co]):
             two runs with ``fastloader ledger diff`` (a resumed run against an uninterrupted one). ``{rank}`` in
             the path is replaced by the rank; without it, several ranks write ``PATH.rank{r}``. A resumed run
             appends to the same file. See ``fastloader.loader.ledger_writer`` and ``fastloader.ledger``.
+        worker_method: where the ``num_workers`` workers run: ``"process"`` (default), torch's worker processes;
+            ``"thread"``, threads of the training process, with torch's thread-worker semantics
+            (``get_worker_info()`` per thread, ``worker_method="thread"``, its ``rng`` for
+            ``torch.random.thread_safe_generator()``); ``multiprocessing_context`` must then be None. A thread
+            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process. See
+            ``fastloader.loader.workers``.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -139,7 +146,9 @@ class DataLoaderX(DataLoader[T_co]):
         stall_warning: float | None = 300.0,
         snapshot_every_n_steps: int | None = 1,
         ledger: str | os.PathLike[str] | None = None,
+        worker_method: str = "process",
     ) -> None:
+        check_worker_method(worker_method, multiprocessing_context)
         check_extras(max_prefetch, decode_on, distributed, seed, report_every, stall_warning, snapshot_every_n_steps)
         check_ledger(ledger)
         num_workers, prefetch_factor = provisional(num_workers, prefetch_factor)
@@ -186,6 +195,7 @@ class DataLoaderX(DataLoader[T_co]):
         self.stall_warning = stall_warning
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.ledger = ledger
+        self.worker_method = worker_method
         self._plan = LoaderPlan(
             device=target,
             max_prefetch=max_prefetch,
@@ -197,6 +207,7 @@ class DataLoaderX(DataLoader[T_co]):
             autotune=isinstance(num_workers, Auto) or isinstance(prefetch_factor, Auto),
             user_batch_sampler=batch_sampler is not None,
             ledger=None if ledger is None else os.fspath(ledger),
+            worker_method=worker_method,
         )
         self._cursor = ResumeCursor(self)  # the epoch and resume state (fastloader.loader.resume)
         self._runtime = LoaderRuntime()  # what the epochs make and keep (fastloader.loader.runtime)

@@ -47,7 +47,7 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
     progress = cursor.begin(start, fresh)
     if plan.ledger is not None:
         progress.ledger = runtime.ledger_epoch(plan.ledger, loader.dataset, progress)
-    runtime.start_epoch(plan, workers=loader.num_workers > 0)
+    runtime.start_epoch(plan, workers=loader.num_workers > 0 and not plan.threads)
     with on_device(plan.device):  # torch's pin-memory thread pins for the current device
         source = DataLoader.__iter__(loader)
     cursor.started_workers(progress, base_seed(source), fresh)

@@ -32,6 +32,7 @@ PLANNED = frozenset(
         "stall_warning",
         "snapshot_every_n_steps",
         "ledger",
+        "worker_method",
     }
 )
 
@@ -52,6 +53,11 @@ class LoaderPlan:
     ledger: str | None = None  # where each rank's training loop's deliveries are recorded (ledger_writer.py)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
     batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
+    worker_method: str = "process"  # where the workers run: "process" or "thread" (fastloader.loader.workers)
+
+    @property
+    def threads(self) -> bool:
+        return self.worker_method == "thread"
 
     @property
     def to_cuda(self) -> bool:

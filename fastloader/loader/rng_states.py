@@ -1,4 +1,6 @@
-"""A process's global random generators (torch's, Python's ``random``, numpy's legacy one), taken and put back.
+"""A worker's random generators (torch's, Python's ``random``, numpy's legacy one), taken and put back: a
+process's global ones, or in a thread worker the thread's own (``get_worker_info().rng``, seeded as a worker
+process's globals: a state moves between the two modes).
 
 Every state the interpreter can hold round-trips, byte for byte: Python's ``random`` caches the second value
 of each ``random.gauss()`` pair in its state (timm's RandAugment with ``mstd`` draws one per image, so half
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import numpy as np
 import torch
+
+from fastloader.torch_internals import thread_worker
 
 _RANDOM_VERSION = 3  # random.getstate()'s layout since Python 3.2 (the only one CPython has)
 RANDOM_WORDS = 625  # Mersenne Twister's 624 words and its position
@@ -33,14 +38,23 @@ class RngState:
     numpy_cached: float
 
 
+def _generators() -> tuple[Any, Any, Any]:
+    """This worker's (``random``, torch, numpy) generators: a thread worker's own, else the process's."""
+    info = thread_worker()[0]
+    if info is None or info.rng is None:
+        return random, torch.default_generator, np.random
+    return info.rng.random_generator, info.rng.torch_generator, info.rng.numpy_generator
+
+
 def capture() -> RngState:
-    """This process's generators now."""
-    version, words, gauss = random.getstate()
+    """This worker's generators now."""
+    python, torch_generator, numpy = _generators()
+    version, words, gauss = python.getstate()
     if version != _RANDOM_VERSION:  # a Python whose Mersenne Twister state is laid out otherwise
         raise ValueError(f"random.getstate() has version {version}; fastloader knows version {_RANDOM_VERSION}")
-    _name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    _name, keys, pos, has_gauss, cached = numpy.get_state(legacy=True)
     return RngState(
-        torch=torch.get_rng_state().numpy().tobytes(),
+        torch=torch_generator.get_state().numpy().tobytes(),
         random_words=np.asarray(words, dtype=np.uint32).tobytes(),
         random_gauss=None if gauss is None else float(gauss),
         numpy_keys=np.asarray(keys, dtype=np.uint32).tobytes(),
@@ -51,9 +65,10 @@ def capture() -> RngState:
 
 
 def restore(state: RngState) -> None:
-    """Put this process's generators back to ``state``."""
-    torch.set_rng_state(torch.frombuffer(bytearray(state.torch), dtype=torch.uint8))
+    """Put this worker's generators back to ``state``."""
+    python, torch_generator, numpy = _generators()
+    torch_generator.set_state(torch.frombuffer(bytearray(state.torch), dtype=torch.uint8))
     words = tuple(int(word) for word in np.frombuffer(state.random_words, dtype=np.uint32))
-    random.setstate((_RANDOM_VERSION, words, state.random_gauss))
+    python.setstate((_RANDOM_VERSION, words, state.random_gauss))
     keys = np.frombuffer(state.numpy_keys, dtype=np.uint32).copy()
-    np.random.set_state(("MT19937", keys, state.numpy_pos, state.numpy_has_gauss, state.numpy_cached))
+    numpy.set_state(("MT19937", keys, state.numpy_pos, state.numpy_has_gauss, state.numpy_cached))

@@ -28,6 +28,7 @@ from fastloader.loader.worker_state import (
     WorkerStart,
     restore_dataset,
 )
+from fastloader.loader.workers.thread import ThreadBackend
 from fastloader.torch_internals import (
     LoaderView,
     MultiProcessIterStartingAt,
@@ -57,15 +58,17 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         raise RuntimeError("DataLoaderX._get_iterator runs inside DataLoaderX.__iter__ only")
     plan = progress.plan
     workers = loader.num_workers > 0
+    threads = workers and loader._plan.threads  # thread workers: one process, ordinary memory, nothing to restart
     init_fn = loader.worker_init_fn
     stack_dir = loader._runtime.stack_dir
-    if stack_dir is not None and workers:
+    if stack_dir is not None and workers and not threads:
         init_fn = StackDumpInit(stack_dir.path, init_fn)
-    ring = ring_dispatch(loader)  # made before the workers start: they map it (fastloader.image.batch_ring)
+    # the batch ring is made before the workers start: they map it (fastloader.image.batch_ring)
+    ring = ring_dispatch(loader) if not threads else None
     handle = ring.ring.handle() if ring is not None and workers else None
-    policy = restart_policy(loader)  # dead workers restarted (fastloader.loader.worker_restart)
+    policy = restart_policy(loader) if not threads else None  # dead workers restarted (worker_restart.py)
     marks = FetchMarks(loader.num_workers) if policy is not None else None
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = {"multiprocessing_context": ThreadBackend()} if threads else {}
     if progress.base_draw_aside:  # the loader's generator is at the sampler's draw (ResumeCursor.begin)
         overrides["generator"] = torch.Generator()
     view = LoaderView(

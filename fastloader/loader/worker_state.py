@@ -282,16 +282,22 @@ class WorkerStart:
 
     def __call__(self, worker_id: int) -> None:
         info = get_worker_info()
-        if info is None or info.worker_method == "thread":  # a class patched in a thread is the whole process's
-            raise RuntimeError("WorkerStart runs in DataLoader worker processes only")
+        if info is None:
+            raise RuntimeError("WorkerStart runs in DataLoader workers only")
+        thread = info.worker_method == "thread"  # a thread worker: its own generators, nothing of the process's
         base = self.plan.base_seed
         if base is not None and base + worker_id != info.seed:
-            _seed_like_torch(base, worker_id)
-            set_worker_seed(base + worker_id)
+            if not thread:
+                _seed_like_torch(base, worker_id)
+            set_worker_seed(base + worker_id)  # a thread's rng is seeded anew with it
         agent = _Agent(info.dataset, worker_id, self.plan.workers.get(worker_id), torch_fetcher_factory())
-        # This process is one of this loader's workers: torch's worker loop makes its fetcher right after
+        # This process (or thread) is one of this loader's workers: its worker loop makes its fetcher right after
         # this function returns (and again each epoch with persistent workers).
         install_fetcher_factory(agent.create_fetcher)
+        if thread:
+            if self.inner is not None:
+                self.inner(worker_id)
+            return
         # Forked from the training process, this worker holds on to the batches that process held, and its
         # batch ring keeps their slots while it may see them (fastloader.image.ring_fork): it never reads them.
         ring_fork.let_go_inherited()

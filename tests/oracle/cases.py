@@ -6,9 +6,12 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle, and a resume at a random batch of a random epoch, loaded
+epochs cut short), a worker SIGKILLed while idle, a resume at a random batch of a random epoch, loaded
 in a fresh loader with another ``batch_size`` or ``num_workers``, or on another number of ranks (``ranks`` →
-``resume_ranks``: simulated ranks in one process, each its own loader over the split of its rank).
+``resume_ranks``: simulated ranks in one process, each its own loader over the split of its rank), and
+``worker_method`` ("process" or "thread", for the run and, independently, for the resumed loader: a state
+moves between the modes). Thread workers are not drawn with a sample or a signal that kills a worker: that
+would kill the test's process.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class Case:
     resume_workers: int
     ranks: int = 1  # > 1: the case runs on that many simulated ranks (orders "seed" and "distributed")
     resume_ranks: int = 1
+    worker_method: str = "process"
+    resume_worker_method: str = "process"
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -103,6 +108,10 @@ def draw(seed: int) -> Case:
         ranks = rng.randint(1, 3)
         resume_ranks = rng.randint(1, 3) if rng.random() < 0.6 else ranks
         resume_batch_size = batch_size
+    # Drawn last: the axes above draw what they drew before this one existed.
+    killers = dataset in ("killer_once", "killer_always") or kill_idle is not None
+    worker_method = "thread" if workers > 0 and not killers and rng.random() < 0.4 else "process"
+    resume_worker_method = "thread" if resume_workers > 0 and not killers and rng.random() < 0.4 else "process"
     return Case(
         seed=seed,
         dataset=dataset,
@@ -126,4 +135,6 @@ def draw(seed: int) -> Case:
         resume_workers=resume_workers,
         ranks=ranks,
         resume_ranks=resume_ranks,
+        worker_method=worker_method,
+        resume_worker_method=resume_worker_method,
     )

@@ -21,13 +21,18 @@ from fastloader.datasets.error_policy import ErrorPolicy
 
 
 def _draws(index: int) -> float:
-    """What a user transform takes from the three global generators, in odd amounts that depend on the
-    sample (timm's RandAugment with ``mstd`` leaves a cached ``random.gauss`` value half the time)."""
+    """What a user transform takes from the worker's three generators, in odd amounts that depend on the
+    sample (timm's RandAugment with ``mstd`` leaves a cached ``random.gauss`` value half the time): a worker
+    process's globals, or a thread worker's own (``get_worker_info().rng``, seeded as a process's globals)."""
+    info = get_worker_info()
+    rng = info.rng if info is not None and info.worker_method == "thread" else None
+    python = rng.random_generator if rng is not None else random
+    numpy = rng.numpy_generator if rng is not None else np.random
     total = 0.0
     for _ in range(index % 3 + 1):
-        total += random.gauss(0, 1)
-    total += float(np.random.standard_normal(index % 2 + 1).sum())
-    total += float(torch.rand(index % 4 + 1).sum())
+        total += python.gauss(0, 1)
+    total += float(numpy.standard_normal(index % 2 + 1).sum())
+    total += float(torch.rand(index % 4 + 1, generator=torch.random.thread_safe_generator()).sum())
     return round(total, 6)
 
 

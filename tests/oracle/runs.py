@@ -101,7 +101,13 @@ def loader_args(case: Case, dataset: Any, batch_size: int, workers: int) -> dict
 
 
 def make_loader(
-    case: Case, dataset: Any, *, torch_loader: bool = False, batch_size: int | None = None, workers: int | None = None
+    case: Case,
+    dataset: Any,
+    *,
+    torch_loader: bool = False,
+    batch_size: int | None = None,
+    workers: int | None = None,
+    worker_method: str | None = None,
 ) -> Any:
     batch = case.batch_size if batch_size is None else batch_size
     count = case.workers if workers is None else workers
@@ -109,22 +115,24 @@ def make_loader(
     if torch_loader:
         return DataLoader(dataset, **args)
     extras: dict[str, Any] = {"stall_warning": None}
+    extras["worker_method"] = case.worker_method if worker_method is None else worker_method
     if case.order == "seed":
         args["shuffle"] = True
         extras["seed"] = case.seed
     return DataLoaderX(dataset, **args, **extras)
 
 
-def rank_loader(case: Case, dataset: Any, ranks: int, rank: int, workers: int) -> DataLoaderX[Any]:
+def rank_loader(case: Case, dataset: Any, ranks: int, rank: int, workers: int, method: str) -> DataLoaderX[Any]:
     """Rank ``rank`` of ``ranks`` simulated in this process: a DataLoaderX over that rank's split (fastloader's
-    own for the order "seed", torch's DistributedSampler for "distributed"), its replicas and rank explicit."""
+    own for the order "seed", torch's DistributedSampler for "distributed"), its replicas and rank explicit,
+    its workers ``method``'s."""
     if case.order == "seed":
         sampler: Any = SplitSampler(len(dataset), num_replicas=ranks, rank=rank, seed=case.seed)
     else:
         sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, seed=case.seed)
     args = loader_args(case, dataset, case.batch_size, workers)
     args.pop("shuffle", None)
-    return DataLoaderX(dataset, **{**args, "sampler": sampler}, stall_warning=None)
+    return DataLoaderX(dataset, **{**args, "sampler": sampler}, stall_warning=None, worker_method=method)
 
 
 def records(batch: Any, images: bool) -> list[Record]:

@@ -10,6 +10,9 @@ where it is exact (every case but these); otherwise a small specification of the
   without that sample; a worker SIGKILLed while idle: torch's run;
 * the decoded cache: torch's run over the same dataset without a cache;
 * ``in_order=False``: the same samples each epoch, in any order;
+* ``worker_method="thread"``: torch's run (process workers), sample for sample: a thread draws from its own
+  generators (``get_worker_info().rng``), seeded as a worker process's globals; but fastloader's random
+  transforms draw from the process's global generators, shared by the threads: the images' keys only;
 * a resume (the state at a random batch of a random epoch, through JSON, loaded in a fresh loader made after
   another global seed, with another ``batch_size`` or ``num_workers`` where that is exact): the uninterrupted
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
@@ -64,7 +67,9 @@ def reference(case: Case, world: World) -> list[list[Record]]:
     """What an uninterrupted run of ``case`` delivers, per epoch (see the module docstring)."""
     seed_all(SEED)
     if case.order == "seed":  # fastloader's own order: its plainest loader with the same workers
-        plain = Case(**{**case.__dict__, "in_order": True, "prefetch": None, "kill_idle": None})
+        plain = Case(
+            **{**case.__dict__, "in_order": True, "prefetch": None, "kill_idle": None, "worker_method": "process"}
+        )
         loader = make_loader(plain, world.dataset(plain=True, run="reference"))
     else:
         loader = make_loader(case, world.dataset(plain=True, run="reference"), torch_loader=True)
@@ -85,7 +90,8 @@ def _draws_differ(case: Case) -> bool:
     """Whether the reference cannot know the samples' draws: a sample that kills its worker every time is
     tried alone and left out (its draws, and the probes', are not made in the reference's run); with
     ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from."""
-    return case.dataset == "killer_always" or not case.in_order
+    threads = "thread" in (case.worker_method, case.resume_worker_method)
+    return case.dataset == "killer_always" or not case.in_order or (threads and case.dataset == "images")
 
 
 def _same(case: Case, got: list[Record], expected: list[Record], keys_only: bool = False) -> bool:
@@ -114,7 +120,11 @@ def check_resume(case: Case, world: World, uninterrupted: list[list[Record]]) ->
     del loader
     seed_all(OTHER_SEED)  # a new process, seeded otherwise
     resumed_loader = make_loader(
-        case, world.dataset(run="resumed"), batch_size=case.resume_batch_size, workers=case.resume_workers
+        case,
+        world.dataset(run="resumed"),
+        batch_size=case.resume_batch_size,
+        workers=case.resume_workers,
+        worker_method=case.resume_worker_method,
     )
     try:
         resumed_loader.load_state_dict(state)
@@ -152,17 +162,21 @@ def check_ranks(case: Case, world: World) -> None:
     assert case.resume is not None
     before, after = case.ranks, case.resume_ranks
 
-    def loaders(ranks: int, workers: int, run: str) -> list[Any]:
-        return [rank_loader(case, world.dataset(run=f"{run}{rank}"), ranks, rank, workers) for rank in range(ranks)]
+    def loaders(ranks: int, workers: int, run: str, method: str) -> list[Any]:
+        return [
+            rank_loader(case, world.dataset(run=f"{run}{rank}"), ranks, rank, workers, method) for rank in range(ranks)
+        ]
 
     seed_all(SEED)
-    reference = [epochs(case, loader) for loader in loaders(after, case.resume_workers, "reference")]
+    reference = [
+        epochs(case, loader) for loader in loaders(after, case.resume_workers, "reference", case.resume_worker_method)
+    ]
     seed_all(SEED)
-    runs = [interrupted(case, loader) for loader in loaders(before, case.workers, "interrupted")]
+    runs = [interrupted(case, loader) for loader in loaders(before, case.workers, "interrupted", case.worker_method)]
     ended = runs[0][2]
     assert all(run[2] == ended for run in runs), "the ranks did not stop in lockstep"
     seed_all(OTHER_SEED)
-    resumed = loaders(after, case.resume_workers, "resumed")
+    resumed = loaders(after, case.resume_workers, "resumed", case.resume_worker_method)
     try:
         for rank, loader in enumerate(resumed):
             loader.load_state_dict(runs[rank % before][1])
@@ -219,6 +233,7 @@ def test_the_draws_cover_every_axis() -> None:
     assert seen["order"] >= {"sequential", "shuffle", "generator", "seed", "weighted", "distributed"}
     assert seen["order"] >= {"numpy", "tuples", "arrays"}
     assert seen["workers"] == {0, 1, 2, 3}
+    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread"}
     assert seen["persistent"] == {False, True} and seen["in_order"] == {False, True}
     assert seen["drop_last"] == {False, True} and seen["cache"] == {False, True} and seen["exact"] == {False, True}
     assert seen["policy"] >= {"raise", "skip", "replace"}
