@@ -111,21 +111,25 @@ def test_seeds_and_draws_are_a_worker_processs() -> None:
     assert got["thread"] == got["process"]
 
 
-def _children() -> list[int]:
-    pids = []
+def _children() -> set[int]:
+    pids = set()
     for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        with open(f"/proc/{os.getpid()}/task/{task}/children") as file:
-            pids.extend(int(pid) for pid in file.read().split())
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as file:
+                pids.update(int(pid) for pid in file.read().split())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
     return pids
 
 
 def test_no_child_process_is_started() -> None:
-    before = _children()
+    # Children of earlier tests in this process (their workers, being reaped) may remain or go: none may come.
+    before, known = _children(), set(multiprocessing.active_children())
     loader = DataLoaderX(Numbers(), batch_size=2, num_workers=2, worker_method="thread", persistent_workers=True)
     for _ in range(2):
         for _batch in loader:
-            assert multiprocessing.active_children() == []
-            assert _children() == before
+            assert set(multiprocessing.active_children()) <= known
+            assert _children() <= before
     assert sum(thread.name.startswith("fastloader-worker-") for thread in threading.enumerate()) == 2
 
 
