@@ -46,6 +46,7 @@ from fastloader.datasets.handles import ProcessLocal
 from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
 from fastloader.errors import FormatError
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
+from fastloader.formats.pack_state import MAX_STATE_BYTES
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
 from fastloader.formats.tar_shards import (
     IMAGE_EXTS,
@@ -178,6 +179,11 @@ class RemoteTarShardSource(CatalogSource):
         return _Shard(S3Url(bucket, key), info.size, info.etag)
 
     def _manifest(self, url: S3Url, listed: ObjectInfo) -> TarPackState:
+        if listed.size > MAX_STATE_BYTES:
+            raise FormatError(
+                f"{url}/{MANIFEST_NAME}: listed at {listed.size:,} bytes, more than the {MAX_STATE_BYTES:,} a"
+                " pack's manifest may take: refused before reading"
+            )
         home = _home(url.bucket) / "manifests"
         home.mkdir(parents=True, exist_ok=True)
         local = home / f"{hashlib.sha1(url.key.encode()).hexdigest()[:16]}-{MANIFEST_NAME}"
