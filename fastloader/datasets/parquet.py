@@ -304,7 +304,8 @@ class ParquetSource:
     row group and column (a few KB of Parquet can decode to gigabytes: see the module docstring).
     ``root``: the directory a Hugging Face image's relative ``path`` is taken under, for rows that hold
     no bytes (default: the current directory when read, as ``datasets`` does; see
-    ``fastloader.datasets.parquet_paths``).
+    ``fastloader.datasets.parquet_paths``). ``confine``: read no image by path from outside ``root``
+    (``../``, absolute paths and symbolic links out are :class:`~fastloader.errors.OutsideRoot`).
     """
 
     def __init__(
@@ -318,12 +319,13 @@ class ParquetSource:
         verify_checksums: bool = False,
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         root: str | os.PathLike[str] | None = None,
+        confine: bool = False,
     ) -> None:
         for name, number in (("cache_row_groups", cache_row_groups), ("max_decode_bytes", max_decode_bytes)):
             if not isinstance(number, int) or number < 1:
                 raise ValueError(f"{name} must be a positive integer, got {number!r}")
         import_pyarrow()
-        self.image_paths = ImagePaths(root)
+        self.image_paths = ImagePaths(root, confine)
         self.paths, pack_classes, pack_fields = _file_list(pattern)
         layouts: list[Layout] = []
         group_rows: list[int] = []
@@ -511,6 +513,7 @@ class ParquetDataset(ImageDataset[Any]):
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
         root: str | os.PathLike[str] | None = None,
+        confine: bool = False,
     ) -> None:
         source = ParquetSource(
             pattern,
@@ -520,5 +523,6 @@ class ParquetDataset(ImageDataset[Any]):
             cache_row_groups=cache_row_groups,
             max_decode_bytes=max_decode_bytes,
             root=root,
+            confine=confine,
         )
         super().__init__(source, transform, target_transform, decode, fields=fields)
