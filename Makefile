@@ -25,10 +25,12 @@ test: setup
 
 # The fuzz oracle (tests/oracle) over N more drawn loader configurations than make test's fixed seeds:
 # make fuzz N=500 (START=1000 by default; a failure names its seed: FASTLOADER_FUZZ_SEEDS=SEED:1 reruns it).
+# Then the JPEG extension under ASan and UBSan, fed 8 x N mutated JPEGs (scripts/fuzz_jpeg.py; seed START).
 N ?= 200
 START ?= 1000
 fuzz: setup
 	FASTLOADER_FUZZ_SEEDS=$(START):$(N) .venv/bin/python -m pytest -q -n 2 tests/oracle -k drawn_configuration
+	.venv/bin/python scripts/fuzz_jpeg.py $$(( 8 * $(N) )) --seed $(START)
 
 docs: setup
 	$(SPHINX_BUILD)

@@ -18,13 +18,16 @@ uniformly random access over a large dataset reads a whole row group per item. S
 gives it the row groups, which it then reads in windows. At most ``_MAX_OPEN_FILES`` files are open
 per process.
 
-Memory: one column of one row group may decode to at most ``max_decode_bytes`` (256 MiB by default),
-counted as it decodes, in batches of rows. A few KB of dictionary-encoded, delta-encoded or compressed
-Parquet can decode to gigabytes while its footer announces kilobytes, so past the limit a read is a
-FormatError naming the file, row group and column (a genuine row group that large needs a larger
-``max_decode_bytes``). Any other damage (a footer, schema metadata or page that does not parse, a
-column name changed, a value no writer stores) is a FormatError naming the file and, where the read
-got that far, the row.
+Memory: one column of one row group may decode to at most ``max_decode_bytes`` (256 MiB by default).
+A few KB of dictionary-encoded, delta-encoded or compressed Parquet can decode to gigabytes while its
+footer announces kilobytes. So the sizes the footer and the dictionary page's header announce are
+checked before anything is decoded; a string or binary column with a dictionary is read as one (each
+value once, however many rows refer to it); the rest is counted as it decodes, in batches of rows sized
+so that one batch stays small whatever a row holds. Past the limit a read is a FormatError naming the
+file, row group, column and size (a genuine row group that large needs a larger ``max_decode_bytes``),
+and that column chunk is refused again at once for every row of it, never decoded again. Any other
+damage (a footer, schema metadata or page that does not parse, a column name changed, a value no writer
+stores) is a FormatError naming the file and, where the read got that far, the row.
 
 Columns:
 
@@ -64,6 +67,7 @@ from fastloader.datasets.parquet_columns import NULL, Column, Layout, cell_value
 from fastloader.datasets.parquet_paths import ImagePaths
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.specs import Spec
+from fastloader.formats.parquet_footer import PAGE_HEADER_BYTES, ChunkSizes, dictionary_page_size, read_chunk_sizes
 from fastloader.formats.parquet_pack import ParquetPackState, import_pyarrow
 from fastloader.formats.patterns import expand_pattern
 from fastloader.image.pil import decode_pil
@@ -72,9 +76,9 @@ _MAX_OPEN_FILES = 64  # memory maps (each holds a descriptor) per process; other
 DEFAULT_CACHE_ROW_GROUPS = 4  # ShardWindowSampler's default window
 DEFAULT_MAX_DECODE_BYTES = 256 << 20  # what one column of one row group may decode to (see _OpenFiles.decode)
 _CACHE_BYTES = 512 << 20  # decoded row groups kept per process, at most (the latest one always)
-# Rows decoded at a time: as many as fit _BATCH_BYTES if one row were as large as its whole row group
-# (the most a row can be, whatever the encoding, in a file whose footer is true), within these bounds.
-_BATCH_BYTES, _MIN_BATCH_ROWS, _MAX_BATCH_ROWS = 16 << 20, 16, 65536
+# Rows decoded at a time: as many as fit _BATCH_BYTES (see _OpenFiles._decode), 65536 at most.
+_BATCH_BYTES, _MAX_BATCH_ROWS = 16 << 20, 65536
+_DICTIONARY_READS = ("binary", "text", "json_text", "npy")  # top-level string and binary columns (Column.how)
 
 
 def _file_list(pattern: str | os.PathLike[str] | list[str]) -> tuple[list[str], list[str] | None, dict[str, str]]:
@@ -122,7 +126,7 @@ def footer_rows(path: str) -> int:
         raise _unreadable(path, error) from None
 
 
-def _close(opened: tuple[Any, Any]) -> None:
+def _close(opened: tuple[Any, Any, Any]) -> None:
     opened[1].close()  # the memory map; buffers still in use keep their mapping
 
 
@@ -131,14 +135,16 @@ class _OpenFiles:
 
     def __init__(self, paths: list[str], cache_row_groups: int, verify_checksums: bool, max_decode: int) -> None:
         self._paths, self._keep, self._verify, self._max_decode = paths, cache_row_groups, verify_checksums, max_decode
-        self._files = OpenHandles(self._open, _close, _MAX_OPEN_FILES)  # file -> (ParquetFile, memory map)
+        self._files = OpenHandles(self._open, _close, _MAX_OPEN_FILES)  # file -> (ParquetFile, memory map, ...)
         self._groups: OrderedDict[tuple[int, int], dict[str, Any]] = OrderedDict()  # -> column -> ChunkedArray
+        self._chunk_sizes: dict[int, list[list[ChunkSizes]]] = {}  # file -> what its footer says of each chunk
+        self._refused: dict[tuple[int, int, str], str] = {}  # (file, row group, column) -> why
         self.reads = 0  # column chunks read (row group x column), for cache_info()
 
     def parquet_file(self, file: int) -> Any:
         return self._files.get(file)[0]
 
-    def _open(self, file: int) -> tuple[Any, Any]:
+    def _open(self, file: int) -> tuple[Any, Any, dict[str, Any]]:
         pa, pq = import_pyarrow()
         path = self._paths[file]
         try:
@@ -153,7 +159,7 @@ class _OpenFiles:
         except BaseException:
             mapped.close()
             raise
-        return parquet, mapped
+        return parquet, mapped, {}  # the readers of dictionary columns as dictionaries, by column
 
     def column(self, file: int, group: int, spec: Column, rows: int) -> Any:
         """The column of ``spec`` in row group ``group`` of ``file`` (``rows`` rows), read once; a
@@ -172,44 +178,93 @@ class _OpenFiles:
         return array
 
     def decode(self, file: int, group: int, spec: Column, rows: int) -> Any:
-        """Decode a column chunk in batches of rows, refusing past ``max_decode_bytes``.
+        """The column chunk of ``spec`` in row group ``group`` of ``file``, within ``max_decode_bytes``; a
+        FormatError naming the file, row group and column when it cannot be read, remembered: a chunk
+        refused once is refused again at once, never decoded again (``scan`` asks for each of its rows)."""
+        refused = self._refused.get((file, group, spec.column))
+        if refused is not None:
+            raise FormatError(refused)
+        try:
+            return self._decode(file, group, spec, rows)
+        except FormatError as error:
+            self._refused[(file, group, spec.column)] = str(error)
+            raise
+
+    def _decode(self, file: int, group: int, spec: Column, rows: int) -> Any:
+        """Check what a column chunk will decode to, then decode it, refusing past ``max_decode_bytes``.
 
         A dictionary page, a delta encoding or compression can make a few KB of file decode to
-        gigabytes, and the footer's sizes are only the writer's word; so the check is on what was
-        decoded, after each batch: memory stays within the limit and one batch whatever the file holds.
-        The footer only sizes the batches, and by the row group's total: asking pyarrow for a column
-        chunk's own metadata (``row_group(g).column(i)``) aborts the process on some damaged footers (an
-        uncaught C++ exception) that its reader reports as an OSError.
+        gigabytes. Before anything is decoded, the sizes the footer gives (every page uncompressed, the
+        dictionary page counted once) and the one the dictionary page's own header gives must be within
+        the limit (``fastloader.formats.parquet_footer`` reads them: pyarrow's own column chunk metadata
+        aborts the process on some damaged footers). A string or binary column with a dictionary is read
+        as one: its values once and an index per row, whatever number of rows refer to each value. The
+        rest is decoded in batches of rows and counted after each one, as the footer is only the writer's
+        word and a delta encoding decodes to more than its pages: memory stays within the limit and a batch.
         """
-        pa, _ = import_pyarrow()
-        parquet, path = self.parquet_file(file), self._paths[file]
+        pa, pq = import_pyarrow()
+        parquet, mapped, dictionary_readers = self._files.get(file)
+        path = self._paths[file]
         what = f"cannot read column {spec.column!r} of row group {group} in {path}"
+        declared, dictionary, expands = self._announced(file, group, spec, what)
+        limit = self._max_decode
         try:
-            footer_bytes = parquet.metadata.row_group(group).total_byte_size
-            batch_rows = max(_MIN_BATCH_ROWS, min(_MAX_BATCH_ROWS, _BATCH_BYTES // max(1, footer_bytes)))
-            batches = parquet.iter_batches(
-                batch_size=batch_rows, row_groups=[group], columns=[spec.column], use_threads=False
-            )
-            arrays, decoded = [], 0
-            for batch in batches:
-                arrays.append(batch.column(spec.column))  # "a.b" may also bring a nested "a": by name
-                decoded += arrays[-1].nbytes
-                if decoded > self._max_decode:
-                    raise FormatError(
-                        f"{what}: it decodes to more than max_decode_bytes={self._max_decode:,} bytes"
-                        f" ({decoded:,} bytes by row {sum(map(len, arrays)):,} of {rows:,}, where the footer gives"
-                        f" the whole row group {footer_bytes:,}): a file made to exhaust memory, or a row group"
-                        " too large for this limit (max_decode_bytes= raises it)"
+            if dictionary and spec.how in _DICTIONARY_READS:
+                reader = dictionary_readers.get(spec.column)
+                if reader is None:
+                    reader = dictionary_readers[spec.column] = pq.ParquetFile(
+                        mapped, read_dictionary=[spec.column], page_checksum_verification=self._verify
                     )
+                arrays = reader.read_row_group(group, columns=[spec.column], use_threads=False).column(0).chunks
+                _check_decoded(what, limit, sum(array.nbytes for array in arrays), arrays, rows, declared)
+            else:
+                # Where values point back at others a row may be as large as its whole chunk, else as its
+                # share of it: as many rows at a time as fit _BATCH_BYTES at that (all of a plain chunk
+                # decodes to about what its pages hold, which the footer said is within the limit).
+                row = declared if expands or dictionary else declared // max(1, rows)
+                batch_rows = max(1, min(_MAX_BATCH_ROWS, _BATCH_BYTES // max(1, row)))
+                batches = parquet.iter_batches(
+                    batch_size=batch_rows, row_groups=[group], columns=[spec.column], use_threads=False
+                )
+                arrays, decoded = [], 0
+                for batch in batches:
+                    arrays.append(batch.column(spec.column))  # "a.b" may also bring a nested "a": by name
+                    decoded += arrays[-1].nbytes
+                    _check_decoded(what, limit, decoded, arrays, rows, declared)
             found = sum(map(len, arrays))
             if found != rows:
                 raise FormatError(f"{what}: {found} values where its footer counts {rows} rows")
-            array = pa.chunked_array(arrays)  # a Hugging Face image stays a struct: its path reads a null's bytes
+            array = pa.chunked_array(arrays)
         except FormatError:
             raise
-        except (OSError, ValueError, KeyError, pa.ArrowException) as error:  # a bad page or checksum, a file changed
+        except (OSError, ValueError, KeyError, IndexError, pa.ArrowException) as error:  # a bad page, a file changed
             raise FormatError(f"{what} ({type(error).__name__}: {error})") from error
         return array
+
+    def _announced(self, file: int, group: int, spec: Column, what: str) -> tuple[int, int, bool]:
+        """What the footer says the chunk decodes to, what its dictionary pages' headers say (0: none), and
+        whether an encoding of it expands; a FormatError past ``max_decode_bytes``, before anything is decoded."""
+        _, mapped, _ = self._files.get(file)
+        chunk_sizes = self._chunk_sizes.get(file)
+        if chunk_sizes is None:
+            read_at = lambda at, count: mapped.read_at(count, at)  # noqa: E731 (pyarrow's order is count, offset)
+            chunk_sizes = self._chunk_sizes[file] = read_chunk_sizes(read_at, mapped.size(), self._paths[file])
+        if group >= len(chunk_sizes):
+            raise FormatError(f"{what}: its footer holds {len(chunk_sizes)} row groups")
+        leaves = [chunk for chunk in chunk_sizes[group] if chunk.path[:1] == (spec.column,)]
+        declared, dictionary = sum(chunk.uncompressed for chunk in leaves), 0
+        for chunk in leaves:
+            if chunk.first_page < mapped.size():
+                header = mapped.read_at(min(PAGE_HEADER_BYTES, mapped.size() - chunk.first_page), chunk.first_page)
+                dictionary += dictionary_page_size(header) or 0
+        if max(declared, dictionary) > self._max_decode:
+            whose = "its footer" if declared >= dictionary else "its dictionary page's header"
+            raise FormatError(
+                f"{what}: it decodes to more than max_decode_bytes={self._max_decode:,} bytes ({whose} says"
+                f" {max(declared, dictionary):,}; refused before decoding): a file made to exhaust memory, or a"
+                " row group too large for this limit (max_decode_bytes= raises it)"
+            )
+        return declared, dictionary, any(chunk.expands for chunk in leaves)
 
     def _evict(self) -> None:
         total = sum(array.nbytes for entry in self._groups.values() for array in entry.values())
@@ -218,7 +273,22 @@ class _OpenFiles:
             total -= sum(array.nbytes for array in entry.values())
 
     def info(self) -> dict[str, int]:
-        return {"column_reads": self.reads, "cached_row_groups": len(self._groups), "open_files": len(self._files)}
+        return {
+            "column_reads": self.reads,
+            "cached_row_groups": len(self._groups),
+            "open_files": len(self._files),
+            "refused_column_chunks": len(self._refused),
+        }
+
+
+def _check_decoded(what: str, limit: int, decoded: int, arrays: list[Any], rows: int, declared: int) -> None:
+    """A FormatError once what was decoded of a column chunk passes ``limit``."""
+    if decoded > limit:
+        raise FormatError(
+            f"{what}: it decodes to more than max_decode_bytes={limit:,} bytes ({decoded:,} bytes by row"
+            f" {sum(map(len, arrays)):,} of {rows:,}, where its footer gives {declared:,}): a file made to exhaust"
+            " memory, or a row group too large for this limit (max_decode_bytes= raises it)"
+        )
 
 
 class ParquetSource:
@@ -234,7 +304,8 @@ class ParquetSource:
     row group and column (a few KB of Parquet can decode to gigabytes: see the module docstring).
     ``root``: the directory a Hugging Face image's relative ``path`` is taken under, for rows that hold
     no bytes (default: the current directory when read, as ``datasets`` does; see
-    ``fastloader.datasets.parquet_paths``).
+    ``fastloader.datasets.parquet_paths``). ``confine``: read no image by path from outside ``root``
+    (``../``, absolute paths and symbolic links out are :class:`~fastloader.errors.OutsideRoot`).
     """
 
     def __init__(
@@ -248,12 +319,13 @@ class ParquetSource:
         verify_checksums: bool = False,
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         root: str | os.PathLike[str] | None = None,
+        confine: bool = False,
     ) -> None:
         for name, number in (("cache_row_groups", cache_row_groups), ("max_decode_bytes", max_decode_bytes)):
             if not isinstance(number, int) or number < 1:
                 raise ValueError(f"{name} must be a positive integer, got {number!r}")
         import_pyarrow()
-        self.image_paths = ImagePaths(root)
+        self.image_paths = ImagePaths(root, confine)
         self.paths, pack_classes, pack_fields = _file_list(pattern)
         layouts: list[Layout] = []
         group_rows: list[int] = []
@@ -441,6 +513,7 @@ class ParquetDataset(ImageDataset[Any]):
         max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
         fields: Sequence[Spec] | Mapping[str, Spec] | None = None,
         root: str | os.PathLike[str] | None = None,
+        confine: bool = False,
     ) -> None:
         source = ParquetSource(
             pattern,
@@ -450,5 +523,6 @@ class ParquetDataset(ImageDataset[Any]):
             cache_row_groups=cache_row_groups,
             max_decode_bytes=max_decode_bytes,
             root=root,
+            confine=confine,
         )
         super().__init__(source, transform, target_transform, decode, fields=fields)

@@ -11,6 +11,10 @@ Each file is read as the folder datasets read theirs (``fastloader.storage.read_
 a device or a directory named as an image is an error naming it, never a read that waits forever. A path
 that is not local (``hf://``, ``https://``, a ``zip://...::`` chain: ``datasets`` downloads those) is an
 error too: fastloader reads no network from its workers behind the user's back.
+
+``confine=True`` (with ``root``) keeps those reads under the root, as it keeps a folder's
+(``fastloader.datasets.confine``): a path that leads outside it (``../``, an absolute path, a symbolic
+link out, resolved at read time) is refused with :class:`~fastloader.errors.OutsideRoot` naming the row.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from fastloader.datasets.confine import check_inside, real_root
 from fastloader.errors import ImagePathError
 from fastloader.storage import read_regular_file
 
@@ -32,10 +37,11 @@ class ImagePaths:
     """Where the image paths of a Parquet file's rows lead (picklable: it goes to the workers).
 
     ``root``: the directory a relative path is taken under (None: the current directory when read, as
-    ``datasets`` does). A ValueError naming it when it is not a directory.
+    ``datasets`` does). A ValueError naming it when it is not a directory. ``confine``: read nothing
+    from outside ``root`` (which it needs): see the module docstring.
     """
 
-    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None, confine: bool = False) -> None:
         if root is not None:
             if not isinstance(root, (str, os.PathLike)):
                 raise TypeError(f"root must be a path or None, got {type(root).__name__}")
@@ -43,7 +49,10 @@ class ImagePaths:
                 raise ValueError(f"root={os.fspath(root)!r} is not a directory")
             # Absolute now: a worker that changes directory still reads under the root the user meant.
             root = os.path.abspath(root)
+        elif confine:
+            raise ValueError("confine=True needs root=: the directory the images named by path must stay in")
         self.root: str | None = root
+        self._inside = real_root(root) if confine and root is not None else None  # resolved once, as the user gave it
 
     def resolve(self, path: str) -> str:
         """The path a row's ``path`` is read from."""
@@ -62,6 +71,8 @@ class ImagePaths:
         if not _is_local(path):
             raise ImagePathError(f"{where()}: image path {path!r} is not a local file: only local paths are read")
         resolved = self.resolve(path)
+        if self._inside is not None:
+            check_inside(f"{where()}: image path {path!r}", resolved, self._inside)
         try:
             return read_regular_file(resolved)  # a FIFO or a device named as an image: an error, not a hang
         except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path

@@ -34,18 +34,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from fastloader.datasets.handles import ProcessLocal
 from fastloader.datasets.tar_catalog import CATALOG_KIND, CATALOG_VERSION, CatalogSource, write_catalog
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, cached_index, read_index
+from fastloader.formats.pack_state import MAX_STATE_BYTES
+from fastloader.formats.tar_index_digest import index_digest
 from fastloader.formats.tar_manifest import MANIFEST_NAME, PROGRESS_NAME, FieldMember, TarPackState
 from fastloader.formats.tar_shards import (
     IMAGE_EXTS,
@@ -70,6 +73,7 @@ class _Shard:
     url: S3Url
     size: int
     etag: str  # the version indexed: every read is pinned to it
+    index_sha256: str | None = None  # the digest of its index's arrays its pack's manifest records (tar_index_digest)
 
 
 class _CachedShards:
@@ -166,7 +170,7 @@ class RemoteTarShardSource(CatalogSource):
             key = url.child(record.name).key
             if "/" in record.name or (url.bucket, key) not in objects:
                 raise FormatError(f"{url}/{MANIFEST_NAME}: shard {record.name!r} is missing")
-            shards.append(self._shard(objects, url.bucket, key))
+            shards.append(replace(self._shard(objects, url.bucket, key), index_sha256=record.index_sha256))
         return shards, objects, state.classes, state.fields
 
     def _listing(self, url: S3Url, recursive: bool = True) -> dict[tuple[str, str], ObjectInfo]:
@@ -178,6 +182,11 @@ class RemoteTarShardSource(CatalogSource):
         return _Shard(S3Url(bucket, key), info.size, info.etag)
 
     def _manifest(self, url: S3Url, listed: ObjectInfo) -> TarPackState:
+        if listed.size > MAX_STATE_BYTES:
+            raise FormatError(
+                f"{url}/{MANIFEST_NAME}: listed at {listed.size:,} bytes, more than the {MAX_STATE_BYTES:,} a"
+                " pack's manifest may take: refused before reading"
+            )
         home = _home(url.bucket) / "manifests"
         home.mkdir(parents=True, exist_ok=True)
         local = home / f"{hashlib.sha1(url.key.encode()).hexdigest()[:16]}-{MANIFEST_NAME}"
@@ -213,11 +222,28 @@ class RemoteTarShardSource(CatalogSource):
                 )
                 path.write_bytes(data)
                 found = current() or upgrade_index(path, fits)
-                if found is not None:
+                if found is not None and self._vouched(found, shard):
                     return found
             return build_shard_index(locate(number), path, self.image_exts)  # walks the cached shard
 
         return cached_index(path, current, build)
+
+    def _vouched(self, index: IndexFile, shard: _Shard) -> bool:
+        """Whether an index fetched beside ``shard`` holds the arrays its pack's manifest records (tar packs of
+        version 4 record their digest); else a warning: it is built from the shard instead. An index of an older
+        pack, with no digest recorded, is taken on its own metadata (see docs/security.md)."""
+        if shard.index_sha256 is None or list(self.image_exts) != list(IMAGE_EXTS):
+            return True
+        if index_digest(index.arrays, index.meta) == shard.index_sha256:
+            return True
+        warnings.warn(
+            printable(
+                f"{shard.url}{INDEX_SUFFIX}: rebuilding a shard index whose arrays are not those the pack's"
+                " manifest records"
+            ),
+            stacklevel=2,
+        )
+        return False
 
     def _load_catalog(self, shards: list[_Shard], indexes: list[IndexFile]) -> IndexFile:
         identities = [[str(shard.url), shard.size, shard.etag] for shard in shards]

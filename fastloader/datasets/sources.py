@@ -75,16 +75,14 @@ SOURCE_KINDS = tuple(_SOURCE_CLASSES)
 def open_source(src: str, kind: str = "auto", *, root: str | None = None, confine: bool = False) -> tuple[Source, str]:
     """Open ``src`` as a Source of kind ``kind`` (``auto``: :func:`detect_source_kind`). ``root``: the base of
     relative paths, a file list's or those of the images a Parquet file names by path. ``confine``: read
-    nothing from outside a folder's or a list's root (``fastloader.datasets.confine``)."""
+    nothing from outside a folder's, a list's or (given ``root``) a Parquet file's image root
+    (``fastloader.datasets.confine``)."""
     check_exists(src)
     kind = detect_source_kind(src) if kind == "auto" else kind
     if kind not in _SOURCE_CLASSES:
         raise ValueError(f"--src-format (src_format=) must be auto or one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-    # confine keeps a folder's and a list's sample files under their root. The containers (RecordIO, TFRecord,
-    # tar, LMDB) read only the files SRC names: nothing to confine. Parquet may name images by path and is not
-    # confined yet: refused rather than left unchecked.
-    if confine and kind == "parquet":
-        raise ValueError(f"{src}: --confine (confine=) is not supported for Parquet sources yet")
+    # confine keeps a folder's and a list's sample files, and the images a Parquet file names by path, under
+    # their root. The containers (RecordIO, TFRecord, tar, LMDB) read only the files SRC names: nothing to confine.
     module, name = _SOURCE_CLASSES[kind]
     source_class = getattr(importlib.import_module(module), name)
     if kind == "list":
@@ -92,7 +90,7 @@ def open_source(src: str, kind: str = "auto", *, root: str | None = None, confin
     elif kind == "folder":
         source = source_class(src, confine=confine)
     elif kind == "parquet":
-        source = source_class(src, root=root)
+        source = source_class(src, root=root, confine=confine)
     else:
         source = source_class(src)
     return source, kind

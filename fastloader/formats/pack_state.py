@@ -54,6 +54,11 @@ from fastloader.errors import FormatError
 from fastloader.formats import json_text
 from fastloader.formats.bad_samples import BadSample
 
+# The largest progress file or manifest read: a pack of 10M samples in 10,000 shards, with 1% of them
+# skipped and listed, takes about 20 MB. A larger one is refused before it is read (a stranger's pack,
+# a bucket's manifest listed at gigabytes).
+MAX_STATE_BYTES = 256 << 20
+
 
 def classes_digest(classes: Any) -> str | None:
     """The SHA-256 of a source's class names (None when it has none), as a pack's fingerprint records them
@@ -131,6 +136,9 @@ class PackState:
     def read(cls: type[StateT], path: Path) -> StateT:
         """The state in ``path`` (a progress file or a manifest); FormatError naming it when unreadable."""
         try:
+            size = path.stat().st_size
+            if size > MAX_STATE_BYTES:
+                raise ValueError(f"{size:,} bytes, more than the {MAX_STATE_BYTES:,} a pack's state may take")
             raw = json_text.loads(path.read_bytes(), str(path))  # bounded nesting: never a RecursionError
             if raw.get("format") != cls.FORMAT or raw.get("version") not in cls.VERSIONS:
                 raise ValueError(

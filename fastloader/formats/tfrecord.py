@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import struct
+import warnings
 from array import array
 from types import TracebackType
 
 import crc32c
 import numpy as np
 
-from fastloader.errors import FormatError
+from fastloader.errors import FormatError, printable
 from fastloader.formats.index_file import IndexFile, cached_index, meta_count, read_index, require_array, write_index
 from fastloader.storage import AtomicFile, open_regular, sidecar_path
 
@@ -135,16 +136,37 @@ def load_index(path: str | os.PathLike[str], index_path: str | os.PathLike[str] 
 
 
 def _fresh_index(path: str, index_path: str) -> IndexFile | None:
-    """The index at ``index_path`` when it is of this file as it is now and its arrays are as long as its
-    count (each record's offset and length are checked when it is read); else None: build it again."""
+    """The index at ``index_path`` when it is of this file as it is now and describes it as a scan would;
+    else None: build it again.
+
+    An index shipped beside the data is the data's to ship, and its metadata (the file's size and mtime,
+    which an archive keeps) proves nothing of its arrays. But records lie back to back, so the lengths
+    alone give every offset: the first record at 0, each next one where the previous ends, the last ending
+    at the end of the file. An index whose offsets are not those (records swapped, dropped or repeated) is
+    rebuilt; and each read checks the length it is given against the record's own CRC-checked header, so
+    a length that lies is an error at the record, never another record's bytes."""
     try:
         index = read_index(index_path, INDEX_KIND, INDEX_VERSION)
-        if index.meta.get("data") != _stamp(path):
+        stamp = _stamp(path)
+        if index.meta.get("data") != stamp:
             return None
         count = meta_count(index, "count")
-        require_array(index, "offsets", np.int64, count)
-        require_array(index, "lengths", np.int64, count)
+        offsets = require_array(index, "offsets", np.int64, count)
+        lengths = require_array(index, "lengths", np.int64, count)
     except (FileNotFoundError, FormatError):
+        return None
+    size = stamp["size"]
+    if count and not ((lengths >= 0) & (lengths <= size)).all():  # no sum below can wrap around
+        back_to_back = False
+    else:
+        ends = np.cumsum(lengths + FRAME_OVERHEAD, dtype=np.int64)
+        starts = np.concatenate([np.zeros(1, np.int64), ends[:-1]])
+        back_to_back = bool((offsets == starts).all()) and (int(ends[-1]) if count else 0) == size
+    if not back_to_back:
+        warnings.warn(
+            printable(f"rebuilding {index_path}: its offsets are not those of the records of {path} back to back"),
+            stacklevel=2,
+        )
         return None
     return index
 

@@ -40,6 +40,8 @@ from fastloader.remote.url import S3Url
 
 IN_FLIGHT = 4  # parts of one multipart upload at once
 MULTIPART_BYTES = 64 << 20  # uploads larger than this go in parts of this size
+MAX_LISTED_KEYS = 20_000_000  # keys one listing may give (about 4 GB of ObjectInfo): S3Store(max_listed_keys=)
+MAX_IDLE_PAGES = 100  # listing pages in a row that bring nothing, and say there is more
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class S3Store:
     """An S3-compatible store: ``endpoint_url`` (None: the environment's ``AWS_ENDPOINT_URL``, else AWS).
 
     ``deadline_s``: each request's deadline before the time its bytes take at the slowest rate allowed
-    (None: ``$FASTLOADER_S3_DEADLINE_S``, else 60 s; see ``fastloader.remote.bounded``)."""
+    (None: ``$FASTLOADER_S3_DEADLINE_S``, else 60 s; see ``fastloader.remote.bounded``).
+    ``max_listed_keys``: the most keys one listing may give (see :meth:`list`)."""
 
     def __init__(
         self,
@@ -89,6 +92,7 @@ class S3Store:
         read_timeout: float = 30.0,
         pool: int = 16,
         deadline_s: float | None = None,
+        max_listed_keys: int = MAX_LISTED_KEYS,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region = region
@@ -97,6 +101,9 @@ class S3Store:
         self.read_timeout = read_timeout
         self.pool = pool
         self.deadline_s = deadline_setting(deadline_s)
+        if not isinstance(max_listed_keys, int) or max_listed_keys < 1:
+            raise ValueError(f"max_listed_keys must be a positive integer, got {max_listed_keys!r}")
+        self.max_listed_keys = max_listed_keys
         self._pid: int | None = None
         self._client: Any = None
         self._rng = random.Random()
@@ -216,21 +223,44 @@ class S3Store:
 
     def list(self, prefix: S3Url, *, recursive: bool = True) -> Iterator[ObjectInfo]:
         """Every object whose key starts with ``prefix.key + "/"``, in key order; only those directly
-        under it (no further ``/``) when not ``recursive``."""
+        under it (no further ``/``) when not ``recursive``. A listing is bounded: past ``max_listed_keys``
+        keys (and common prefixes), or when its pages stop making progress (a continuation token given back,
+        a page cut short without one, pages in a row that bring nothing), it is a RemoteError naming the prefix."""
         token: str | None = None
         start = f"{prefix.key}/" if prefix.key else ""
+        where = f"{prefix}/ (list)"
+        listed = idle_pages = 0
         while True:
             kwargs: dict[str, Any] = {"Bucket": prefix.bucket, "Prefix": start}
             if not recursive:
                 kwargs["Delimiter"] = "/"
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call(f"{prefix}/ (list)", partial(self.client.list_objects_v2, **kwargs))
-            for item in page.get("Contents", []):
+            page = self._call(where, partial(self.client.list_objects_v2, **kwargs))
+            contents, prefixes = page.get("Contents", []), page.get("CommonPrefixes", [])
+            listed += len(contents) + len(prefixes)
+            if listed > self.max_listed_keys:
+                raise RemoteError(
+                    f"{where}: more than {self.max_listed_keys:,} keys (S3Store(max_listed_keys=...)): a listing"
+                    " this long is refused rather than held in memory"
+                )
+            for item in contents:
                 yield ObjectInfo(item["Key"], int(item["Size"]), str(item["ETag"]))
             if not page.get("IsTruncated"):
                 return
-            token = page.get("NextContinuationToken")
+            # Pages that bring keys (or common prefixes, with a delimiter) end at max_listed_keys, so a cycle
+            # of tokens needs no memory of them all; S3 itself never sends many empty pages in a row.
+            idle_pages = 0 if contents or prefixes else idle_pages + 1
+            last, token = token, page.get("NextContinuationToken")
+            if not token:
+                problem = "a page says there is more but gives no continuation token"
+            elif token == last:
+                problem = "a page gives back the continuation token it was asked with"
+            elif idle_pages > MAX_IDLE_PAGES:
+                problem = f"{idle_pages} pages in a row hold no key"
+            else:
+                continue
+            raise RemoteError(f"{where}: the listing does not end: {problem} (after {listed:,} keys)")
 
     def download(self, url: S3Url, dest: str, size: int | None = None, *, etag: str | None = None) -> int:
         """The whole object into the file ``dest`` (created, or overwritten), streamed in one GET: a cut

@@ -310,18 +310,23 @@ BOMB_ROWS, BOMB_TEXT = 3000, "a" * 100_000  # one row group decoding to 300 MB, 
 DEFAULT_LIMIT = 256 << 20  # ParquetSource's max_decode_bytes
 
 
-def write_bomb(path: Path, encoding: str = "dictionary", rows: int = BOMB_ROWS, text: str = BOMB_TEXT) -> Path:
+def write_bomb(path: Path, encoding: str = "delta", rows: int = BOMB_ROWS, text: str = BOMB_TEXT) -> Path:
     """One row group of ``rows`` tiny images and as many copies of ``text``, which ``encoding`` (a
-    dictionary, the delta of each string against the previous one, or plain) and zstd shrink to a few KB."""
-    table = pa.table({"image": [png(0)] * rows, "caption": [text] * rows})
-    options: dict[str, Any] = {"use_dictionary": encoding == "dictionary"}
+    dictionary, the delta of each string against the previous one, or plain) and zstd shrink to a few KB.
+    Without the Arrow schema a reader would read the dictionary back as (the issue's foreign file: a
+    string column with a dictionary page), so that nothing but the Parquet encoding tells its values repeat."""
+    caption = pa.array([text]).dictionary_encode().take(pa.array(np.zeros(rows, np.int32)))  # no copy per row
+    table = pa.table({"image": [png(0)] * rows, "caption": caption})
+    options: dict[str, Any] = {"use_dictionary": encoding == "dictionary", "store_schema": False}
     if encoding == "delta":
         options["column_encoding"] = {"caption": "DELTA_BYTE_ARRAY"}
+    if encoding == "plain":
+        table = table.set_column(1, "caption", caption.cast(pa.string()))
     pq.write_table(table, path, row_group_size=rows, compression="zstd", **options)
     return path
 
 
-@pytest.mark.parametrize("encoding", ["dictionary", "delta", "plain"])
+@pytest.mark.parametrize("encoding", ["delta", "plain"])
 def test_a_read_may_decode_only_so_much_whatever_the_encoding(tmp_path: Path, encoding: str) -> None:
     path = write_bomb(tmp_path / f"{encoding}.parquet", encoding, rows=300, text="b" * 20_000)  # decodes to 6 MB
     assert path.stat().st_size < 64_000
@@ -330,15 +335,112 @@ def test_a_read_may_decode_only_so_much_whatever_the_encoding(tmp_path: Path, en
     message = rf"{path}#5: field 'caption': cannot read column 'caption' of row group 0 in {path}: it decodes to more"
     with pytest.raises(FormatError, match=message + r" than max_decode_bytes=1,048,576 bytes"):
         source.read_field(5, "caption")
-    assert source.cache_info() == {"column_reads": 1, "cached_row_groups": 1, "open_files": 1}  # nothing kept
+    # Plain pages hold what they decode to: the footer says so, and nothing is decoded.
+    before = "refused before decoding" in str(pytest.raises(FormatError, source.read_field, 6, "caption").value)
+    assert before == (encoding == "plain")
+    assert source.cache_info() == {
+        "column_reads": 1,  # the image's: the caption's chunk was refused once, then at once
+        "cached_row_groups": 1,
+        "open_files": 1,
+        "refused_column_chunks": 1,
+    }
     assert ParquetSource(path, max_decode_bytes=8 << 20).read_field(5, "caption") == "b" * 20_000
     with pytest.raises(ValueError, match="max_decode_bytes must be a positive integer"):
         ParquetSource(path, max_decode_bytes=0)
 
 
+# Reads the caption of every row (or every few) in a fresh process and prints what each gave (its length or the error),
+# with the most pyarrow's memory pool held at once: what the read allocated, and nothing else.
+READ_CAPTIONS = (
+    "import json, sys\n"
+    "import pyarrow as pa\n"
+    "from fastloader.datasets import ParquetSource\n"
+    "from fastloader.errors import FormatError\n"
+    "source = ParquetSource(sys.argv[1], max_decode_bytes=int(sys.argv[2]))\n"
+    "outcomes = []\n"
+    "for index in range(0, len(source), int(sys.argv[3])):\n"
+    "    try:\n"
+    "        outcomes.append(len(source.read_field(index, 'caption')))\n"
+    "    except FormatError as error:\n"
+    "        outcomes.append(str(error))\n"
+    "print(json.dumps([outcomes, pa.default_memory_pool().max_memory(), source.cache_info()]))\n"
+)
+
+
+def read_captions(path: Path, limit: int, step: int = 1) -> tuple[list[Any], int, dict[str, int]]:
+    """The caption of every ``step``-th row, the most pyarrow held at once, the reads (see READ_CAPTIONS)."""
+    command = [sys.executable, "-c", READ_CAPTIONS, str(path), str(limit), str(step)]
+    out = run_child(command, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    outcomes, peak, info = json.loads(out.stdout)
+    return outcomes, peak, info
+
+
+def test_a_dictionary_value_is_decoded_once_however_many_rows_refer_to_it(tmp_path: Path) -> None:
+    """The issue's file, smaller: one 4 MB value in a dictionary page, referred to by 1,024 rows (4 GB as
+    plain strings), in a few KB. Read as a dictionary it costs its value (pages, decompression and the
+    dictionary: a few copies of 4 MB), where decoding 16 rows first, as reads did, allocated 64 MB."""
+    value = 4 << 20
+    path = write_bomb(tmp_path / "bomb.parquet", "dictionary", rows=1024, text="c" * value)
+    assert path.stat().st_size < 8_000
+    outcomes, peak, info = read_captions(path, 16 << 20, step=64)  # each read copies its 4 MB out: not all
+    assert outcomes == [value] * 16
+    assert peak < 6 * value, peak
+    assert info["column_reads"] == 1 and info["refused_column_chunks"] == 0
+
+
+def test_a_chunk_larger_than_the_limit_is_refused_before_decoding_and_for_every_row(tmp_path: Path) -> None:
+    """The same file under a limit below its one value: every row is refused, naming the file, row group,
+    column and size, and nothing is decoded (not one page: the pool never holds a whole value)."""
+    value = 4 << 20
+    path = write_bomb(tmp_path / "bomb.parquet", "dictionary", rows=1024, text="c" * value)
+    outcomes, peak, info = read_captions(path, 1 << 20)
+    declared = pq.read_metadata(path).row_group(0).column(1).total_uncompressed_size
+    assert len(outcomes) == 1024 and all(isinstance(outcome, str) for outcome in outcomes)
+    assert outcomes[0] == (
+        f"{path}#0: field 'caption': cannot read column 'caption' of row group 0 in {path}: it decodes to more than"
+        f" max_decode_bytes=1,048,576 bytes (its footer says {declared:,};"
+        " refused before decoding): a file made to exhaust memory, or a row group too large for this limit"
+        " (max_decode_bytes= raises it)"
+    )
+    assert peak < value // 4, peak
+    assert info == {"column_reads": 0, "cached_row_groups": 0, "open_files": 1, "refused_column_chunks": 1}
+
+
+def test_a_dictionary_page_whose_header_says_more_than_the_footer_is_refused_before_decoding(tmp_path: Path) -> None:
+    """A footer is the writer's word: one that announces a small chunk while its dictionary page's own
+    header announces the value's 4 MB is refused on the header's word, before the page is decompressed."""
+    value = 4 << 20
+    path = write_bomb(tmp_path / "bomb.parquet", "dictionary", rows=16, text="c" * value)
+    chunk = pq.read_metadata(path).row_group(0).column(1)
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    # total_uncompressed_size is a zigzag varint in the footer's Thrift: replaced by one of the same length.
+    old = _varint(chunk.total_uncompressed_size * 2)
+    at = data.index(old, footer_start)
+    data[at : at + len(old)] = _varint(2 * 1000, len(old))
+    path.write_bytes(bytes(data))
+    assert pq.read_metadata(path).row_group(0).column(1).total_uncompressed_size == 1000
+    outcomes, peak, _ = read_captions(path, 1 << 20)
+    assert f"its dictionary page's header says {value + 4:,}; refused before decoding" in outcomes[0], outcomes[0]
+    assert peak < value // 4, peak
+
+
+def _varint(number: int, length: int = 0) -> bytes:
+    """``number`` as a varint, padded with continuation bytes to ``length`` bytes."""
+    out = bytearray()
+    while True:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+        if not number and len(out) >= length:
+            out[-1] &= 0x7F
+            return bytes(out)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak memory Linux reports")
 def test_a_few_kb_that_decode_to_300_mb_are_refused_within_bounded_memory(tmp_path: Path) -> None:
-    """A reader process (torch loaded, as in training) grows by less than the default limit and half as
+    """Delta-encoded strings (each the previous one's prefix): the pages hold a few KB, so the footer cannot
+    tell. A reader process (torch loaded, as in training) grows by less than the default limit and half as
     much again (one batch being decoded, the allocator): 310 MB. Decoding the whole column took 590-750 MB."""
     path = write_bomb(tmp_path / "bomb.parquet")
     assert path.stat().st_size < 8_000

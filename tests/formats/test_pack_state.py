@@ -10,7 +10,7 @@ import pytest
 
 from fastloader.errors import FormatError
 from fastloader.formats.bad_samples import BadSample
-from fastloader.formats.pack_state import ShardRecord
+from fastloader.formats.pack_state import MAX_STATE_BYTES, ShardRecord
 from fastloader.formats.parquet_pack import ParquetPackState
 from fastloader.formats.tar_manifest import TarPackState, field_members
 
@@ -119,3 +119,11 @@ def test_a_manifest_nested_too_deep_is_a_format_error_naming_it(tmp_path: Path) 
     path.write_text('{"format": "fastloader-tar", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(FormatError, match="nested deeper than"):
         TarPackState.read(path)
+
+
+def test_a_manifest_larger_than_a_pack_state_may_be_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    manifest = tmp_path / "fastloader-tar.json"
+    with open(manifest, "wb") as out:
+        out.truncate(MAX_STATE_BYTES + 1)  # sparse: no disk spent, and a read would take 256 MB
+    with pytest.raises(FormatError, match=rf"{manifest}: unreadable tar pack state \(268,435,457 bytes, more than"):
+        TarPackState.read(manifest)

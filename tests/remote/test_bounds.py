@@ -6,16 +6,19 @@ loopback (tests/remote/fake_s3.py) that lies and trickles on purpose."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fastloader.errors import RemoteError
+from fastloader.datasets.remote_tar import RemoteTarShardSource
+from fastloader.errors import FormatError, RemoteError
 from fastloader.remote.retry import RetryPolicy
 from fastloader.remote.s3 import S3Store
 from fastloader.remote.url import S3Url
-from tests.remote.fake_s3 import ETAG, FakeS3, wait_quiet
+from tests.remote.fake_s3 import ETAG, FakeS3, list_page, wait_quiet
 
 QUICK = RetryPolicy(attempts=2, base_s=0.01, cap_s=0.01)
 URL = S3Url("bucket", "shards/shard-000001.tar")
@@ -135,3 +138,63 @@ def test_the_deadline_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> Non
         S3Store("http://127.0.0.1:9")
     with pytest.raises(ValueError, match="deadline_s"):
         S3Store("http://127.0.0.1:9", deadline_s=0)
+
+
+@contextmanager
+def listing_store(listing: Callable[[str | None], bytes], **kwargs: Any) -> Iterator[tuple[S3Store, FakeS3]]:
+    """A store over a fake endpoint whose listing pages ``listing(token)`` gives."""
+    fake = FakeS3(announce=0, send=0, listing=listing).start()
+    try:
+        yield S3Store(fake.url, retry=QUICK, **kwargs), fake
+    finally:
+        fake.stop()
+
+
+def keys_under(store: S3Store) -> list[str]:
+    return [info.key for info in store.list(S3Url("bucket", "p"))]
+
+
+def test_a_listing_of_several_pages_is_read_whole() -> None:
+    pages = {None: (["p/a", "p/b"], "t1"), "t1": (["p/c"], "t2"), "t2": (["p/d"], None)}
+    with listing_store(lambda token: list_page(*pages[token]), max_listed_keys=4) as (store, fake):
+        assert keys_under(store) == ["p/a", "p/b", "p/c", "p/d"]
+        assert fake.requests == 3
+
+
+def test_a_listing_that_never_ends_is_refused_past_max_listed_keys() -> None:
+    """Every page holds 100 keys and says there is more, with a new token: it stops at the cap."""
+    with listing_store(
+        lambda token: list_page([f"p/{token}-{i}" for i in range(100)], f"{token or ''}x"), max_listed_keys=2_500
+    ) as (store, fake):
+        with pytest.raises(RemoteError, match=r"s3://bucket/p/ \(list\): more than 2,500 keys") as raised:
+            keys_under(store)
+        assert "max_listed_keys" in str(raised.value)
+        assert fake.requests == 26  # 25 pages of 100 keys, then the page past the cap
+    with pytest.raises(ValueError, match="max_listed_keys must be a positive integer"):
+        S3Store("http://127.0.0.1:9", max_listed_keys=0)
+
+
+@pytest.mark.parametrize(
+    ("listing", "problem", "requests"),
+    [
+        (lambda token: list_page([], "same"), "gives back the continuation token it was asked with", 2),
+        (lambda token: list_page([], f"{token or ''}x"), "101 pages in a row hold no key", 101),
+        (lambda token: list_page(["p/a"], None).replace(b"false", b"true"), "gives no continuation token", 1),
+    ],
+    ids=["token-given-back", "empty-pages", "no-token"],
+)
+def test_a_listing_whose_pages_make_no_progress_is_refused(
+    listing: Callable[[str | None], bytes], problem: str, requests: int
+) -> None:
+    with listing_store(listing) as (store, fake):
+        with pytest.raises(RemoteError, match=r"s3://bucket/p/ \(list\): the listing does not end: .*" + problem):
+            keys_under(store)
+        assert fake.requests == requests
+
+
+def test_a_manifest_listed_larger_than_a_pack_state_may_be_is_refused_before_reading(tmp_path: Path) -> None:
+    listing = lambda token: list_page(["p/fastloader-tar.json"], None, size=300 << 20)  # noqa: E731
+    with listing_store(listing) as (store, fake):
+        with pytest.raises(FormatError, match=r"s3://bucket/p/fastloader-tar.json: listed at 314,572,800 bytes"):
+            RemoteTarShardSource("s3://bucket/p", store=store, shard_cache=tmp_path / "cache")
+        assert fake.requests == 1  # the listing: the manifest is never asked for
