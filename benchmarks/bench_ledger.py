@@ -32,6 +32,7 @@ from fastloader import DataLoaderX, read_digests
 from fastloader import transforms as T
 from fastloader.datasets import ImageFolder
 from fastloader.loader.ledger_writer import EpochLedger, LedgerWriter
+from fastloader.loader.worker_state import Delivery
 from fastloader.sample import make_sample_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,13 +75,14 @@ def parts(dataset: Any, batch_size: int, scratch: str) -> dict[str, float]:
     read_digests.begin(True)
     for index in indices:
         read_digests.record(index, blobs[index % count])
-    digests = read_digests.take()
+    digests, outcomes = read_digests.take()  # no outcomes: no sample failed (the case measured)
+    delivery = Delivery(worker=0, task=0, batches=1, digests=digests, outcomes=outcomes)
     epoch.asked(0, indices)
-    epoch.delivered(0, digests)  # the keys written once: the steady state follows
+    epoch.delivered(delivery)  # the keys written once: the steady state follows
 
     def record_a_batch() -> None:  # the training process's side
         epoch.asked(0, indices)
-        epoch.delivered(0, digests)
+        epoch.delivered(delivery)
 
     worker_us = per_call_us(digests_of_a_batch, 200) / batch_size
     main_us = per_call_us(record_a_batch, 2000)

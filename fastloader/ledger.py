@@ -16,7 +16,9 @@ last pass.
 
 A sample is named by its key: the dataset's for fastloader's datasets (a path, an LMDB record), else the
 sampler's index (``"17"``); an IterableDataset's batches by their position (``"batch 3"``). Bytes are compared
-where both ledgers hold a digest of them.
+where both ledgers hold a digest of them. Under an error policy a ledger holds what was delivered: a skipped
+sample is absent (the epoch remembers it was asked for, so a difference it makes is named as a skip), a
+replaced one is its substitute, with the substitute's digest, marked as standing in for the key asked.
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ class EpochDeliveries:
     keys: list[str] = dataclasses.field(default_factory=list)
     crcs: list[int | None] = dataclasses.field(default_factory=list)
     iterations: int = 0
+    # Under an error policy: the key asked for at each position a substitute was delivered at ("replace"),
+    # and each sample asked for but left out ("skip": the position it would have had, its key).
+    replaced: dict[int, str] = dataclasses.field(default_factory=dict)
+    skipped: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+    def cut(self, start: int) -> None:
+        """Keep the first ``start`` deliveries (an iteration resumes after them)."""
+        del self.keys[start:], self.crcs[start:]
+        self.replaced = {at: key for at, key in self.replaced.items() if at < start}
+        self.skipped = [(at, key) for at, key in self.skipped if at < start]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,13 +126,21 @@ def _read_file(name: str) -> RankLedger:
                     f"{name}: epoch {record.epoch} resumes at position {record.start} but holds only"
                     f" {len(epoch.keys)} deliveries before it (the ledger of the run before is not in this file)"
                 )
-            del epoch.keys[record.start :], epoch.crcs[record.start :]
+            epoch.cut(record.start)
         else:
             epoch = epochs.setdefault(record.epoch, EpochDeliveries())
             ids = record.ids.tolist()
             if record.positions:
                 epoch.keys.extend(f"batch {id_}" for id_ in ids)
             else:
+                if record.asked is not None and record.slots is not None:
+                    at = len(epoch.keys)
+                    for asked, slot in zip(record.asked.tolist(), record.slots.tolist()):
+                        key = keys.get(asked, str(asked))
+                        if slot < 0:  # skipped where the batch's (-1 - slot)-th delivery is
+                            epoch.skipped.append((at - 1 - slot, key))
+                        else:
+                            epoch.replaced[at + slot] = key
                 epoch.keys.extend([keys.get(id_, str(id_)) for id_ in ids])
             epoch.crcs.extend(_crcs(record, len(ids)))
     return RankLedger(name, head.rank, head.world_size, dict(sorted(epochs.items())), notes)
@@ -137,12 +157,13 @@ def _crcs(record: layout.Samples, count: int) -> list[int | None]:
 
 @dataclasses.dataclass(frozen=True)
 class Difference:
-    """The first place two ledgers differ: ``kind`` is "missing", "doubled", "reordered" or "other bytes"."""
+    """The first place two ledgers differ: ``kind`` is "missing", "doubled", "reordered", "other bytes",
+    or "skipped" / "replaced" (an error policy left out or replaced in one run what the other delivered)."""
 
     rank: int
     epoch: int
     position: int | None  # None: a whole epoch (or rank) is missing
-    kind: str
+    kind: str  # "skipped" / "replaced" too: the difference an error policy made in one run
     key: str | None
     detail: str
 
@@ -213,13 +234,30 @@ def diff_ledgers(a: Ledger | str | os.PathLike[str], b: Ledger | str | os.PathLi
 def _first_difference(rank: int, epoch: int, a: EpochDeliveries, b: EpochDeliveries) -> Difference | None:
     for position, (key_a, key_b) in enumerate(zip(a.keys, b.keys)):
         if key_a != key_b:
-            return _classify(rank, epoch, position, a.keys, b.keys)
+            return _by_policy(rank, epoch, position, a, b) or _classify(rank, epoch, position, a.keys, b.keys)
         crc_a, crc_b = a.crcs[position], b.crcs[position]
         if crc_a is not None and crc_b is not None and crc_a != crc_b:
             detail = f"key {key_a}: other bytes (CRC32C {crc_a:08x} in A, {crc_b:08x} in B)"
             return Difference(rank, epoch, position, "other bytes", key_a, detail)
     if len(a.keys) != len(b.keys):
-        return _classify(rank, epoch, min(len(a.keys), len(b.keys)), a.keys, b.keys)
+        position = min(len(a.keys), len(b.keys))
+        return _by_policy(rank, epoch, position, a, b) or _classify(rank, epoch, position, a.keys, b.keys)
+    return None
+
+
+def _by_policy(rank: int, epoch: int, position: int, a: EpochDeliveries, b: EpochDeliveries) -> Difference | None:
+    """The first difference at ``position`` when an error policy made it: a sample one run skipped, or
+    replaced by a substitute, where the other delivered it."""
+    for ours, theirs, side, other in ((a, b, "A", "B"), (b, a, "B", "A")):
+        wanted = theirs.keys[position] if position < len(theirs.keys) else None
+        asked = ours.replaced.get(position)
+        if asked is not None and asked == wanted:
+            detail = f"key {asked} replaced by {ours.keys[position]} in {side} (delivered in {other})"
+            return Difference(rank, epoch, position, "replaced", asked, detail)
+        for at, key in ours.skipped:
+            if at == position and key == wanted:
+                detail = f"key {key} skipped in {side} (a bad sample left out; delivered in {other})"
+                return Difference(rank, epoch, position, "skipped", key, detail)
     return None
 
 
@@ -254,7 +292,12 @@ def summary(ledger: Ledger) -> list[str]:
         for number, epoch in rank.epochs.items():
             digests = sum(crc is not None for crc in epoch.crcs)
             resumed = f", resumed {epoch.iterations - 1}x" if epoch.iterations > 1 else ""
+            policy = (
+                f", {len(epoch.replaced)} replaced, {len(epoch.skipped)} skipped"
+                if epoch.replaced or epoch.skipped
+                else ""
+            )
             lines.append(
-                f"rank {rank.rank}, epoch {number}: {len(epoch.keys)} samples ({digests} with digests{resumed})"
+                f"rank {rank.rank}, epoch {number}: {len(epoch.keys)} samples ({digests} with digests{resumed}{policy})"
             )
     return lines

@@ -6,6 +6,12 @@ after ``Source.read`` (``fastloader.datasets.base``, ``batch_route``), and the w
 :func:`take` s them once the batch is made, to travel with it (``fastloader.loader.worker_state.Delivery``):
 12 bytes a sample. The training process writes them to the ledger (``fastloader.loader.ledger_writer``).
 
+Under an error policy (``fastloader.datasets.error_policy``) the batch is not what was asked: the policy
+notes each sample it left out (:func:`skipped`) or gave a substitute for (:func:`replaced`), and these
+outcomes travel with the digests, so that the ledger records what was delivered. A batch rebuilt in the
+loader's process around a sample that kills workers (``fastloader.loader.worker_restart``) starts its fetch
+with the outcomes of that rebuild (:func:`begin`). A batch without a bad sample carries none.
+
 Digests are taken only when asked: without ``ledger=`` :func:`record` is one attribute read. The list is
 this thread's, as the stage clock's tally is (``fastloader.timing``): with ``num_workers=0`` the loader's
 producer thread fetches, and another thread reading the same dataset records nothing into its batch.
@@ -23,19 +29,25 @@ import numpy as np
 
 # One sample read: the dataset's index and the CRC32C of its encoded bytes as the source returned them.
 DIGEST = np.dtype([("index", "<i8"), ("crc", "<u4")])
+# One sample not delivered as asked: the index asked for and the one delivered in its place (SKIPPED: none).
+OUTCOME = np.dtype([("asked", "<i8"), ("given", "<i8")])
+SKIPPED = -1
 
 
 class _Taken(threading.local):
     def __init__(self) -> None:
         self.digests: list[tuple[int, int]] | None = None  # None: this fetch takes no digests
+        self.outcomes: list[tuple[int, int]] = []  # the policy's, only while digests are taken
 
 
 _TAKEN = _Taken()
 
 
-def begin(on: bool) -> None:
-    """A fetch begins in this thread: take digests of what it reads (``on``), or none."""
+def begin(on: bool, outcomes: tuple[tuple[int, int], ...] = ()) -> None:
+    """A fetch begins in this thread: take digests of what it reads (``on``), or none; ``outcomes``: samples
+    the batch's indices already leave out or replace (``(asked, given)``, as :func:`replaced` notes them)."""
     _TAKEN.digests = [] if on else None
+    _TAKEN.outcomes = list(outcomes) if on else []
 
 
 def record(index: int, data: bytes | bytearray | memoryview) -> None:
@@ -45,9 +57,24 @@ def record(index: int, data: bytes | bytearray | memoryview) -> None:
         digests.append((int(index), crc32c.crc32c(data)))
 
 
-def take() -> np.ndarray | None:
-    """The digests of the fetch that just ended, in the order read (None: none taken); stops taking."""
+def skipped(index: int) -> None:
+    """Sample ``index`` is left out of this fetch's batch (an error policy's "skip")."""
+    if _TAKEN.digests is not None:
+        _TAKEN.outcomes.append((int(index), SKIPPED))
+
+
+def replaced(index: int, substitute: int) -> None:
+    """Sample ``substitute`` is delivered in place of ``index`` in this fetch's batch (an error policy's
+    "replace")."""
+    if _TAKEN.digests is not None:
+        _TAKEN.outcomes.append((int(index), int(substitute)))
+
+
+def take() -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The digests of the fetch that just ended, in the order read, and its outcomes (:data:`OUTCOME`,
+    in the order made; None: none); stops taking."""
     digests, _TAKEN.digests = _TAKEN.digests, None
-    if not digests:
-        return None
-    return np.array(digests, dtype=DIGEST)
+    outcomes = None
+    if _TAKEN.outcomes:
+        outcomes, _TAKEN.outcomes = np.array(_TAKEN.outcomes, dtype=OUTCOME), []
+    return (np.array(digests, dtype=DIGEST) if digests else None), outcomes

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fastloader import read_digests
 from fastloader.errors import DecodeError, TooManyBadSamples, printable
 from fastloader.formats import bad_samples
 from fastloader.formats.bad_samples import BadSample
@@ -212,10 +213,12 @@ class ErrorPolicy:
         self, index: int, key: Callable[[int], str], produce: Callable[[int], R], allow_skip: bool
     ) -> R | None:
         if self.mode == "skip" and allow_skip:
+            read_digests.skipped(index)  # the delivery ledger records what was delivered (off unless ledger=)
             return None
         for candidate in self.substitutes(index, key):
             result = self._attempt(candidate, key, produce)
             if result is not None:
+                read_digests.replaced(index, candidate)
                 return result[0]
         raise TooManyBadSamples(
             f"sample {index} ({_safe_key(key, index)}) and the {_MAX_TRIES} after it are all bad"

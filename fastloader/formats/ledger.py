@@ -2,7 +2,7 @@
 
 One file per rank, append-only, little-endian::
 
-    header  := b"FLLEDGR\\0" u16 version(=1) u32 rank u32 world_size
+    header  := b"FLLEDGR\\0" u16 version(=2; 1 is read too) u32 rank u32 world_size
     block   := u32 SYNC(0x4C424C46) u32 length u32 crc32c(length's 4 bytes + payload) payload[length]
     payload := record*
     record  := b"E" i64 epoch i64 start            an iteration of ``epoch`` begins at position ``start``
@@ -13,13 +13,18 @@ One file per rank, append-only, little-endian::
                  u32 crc[count]   (flags & 1)        the CRC32C of each sample's encoded bytes as read
                  u8 present[count] (flags & 2)       which of them were read (a cache hit reads none)
                                   (flags & 4)        ids are batch positions (an IterableDataset's)
+                 u32 n  i64 asked[n]  i32 slot[n]    (flags & 8, version 2) samples asked for but not delivered
+                                                     as such (an error policy): ``ids[slot]`` was delivered in
+                                                     place of ``asked`` ("replace"), or nothing ("skip": slot
+                                                     -1 - k, where k samples of the batch were delivered before)
 
 The loader writes one block per batch with one ``os.write`` on a file opened ``O_APPEND``: 12 bytes a sample
 and a few more a batch, and a process killed at any moment (SIGKILL) leaves every batch it recorded but the
 one being written. A block that fails its checksum (a torn tail, or bytes another writer mixed in) is skipped
 up to the next block that passes: :func:`read_records` says which bytes it skipped, never guessing at them.
 Ids have keys only where the dataset names its samples (fastloader's datasets): a ``K`` record precedes
-the first delivery of an id in each process that writes the file; others are named by their id.
+the first delivery of an id in each process that writes the file (of an asked one too); others are named by
+their id. Version 2 added the asked samples (flags & 8); a version 1 file reads as one without them.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import numpy as np
 from fastloader.errors import FormatError
 
 MAGIC = b"FLLEDGR\0"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # the versions this fastloader reads
 SYNC = 0x4C424C46
 _HEADER = struct.Struct("<8sHII")
 _BLOCK = struct.Struct("<III")
@@ -41,7 +47,8 @@ _LENGTH = struct.Struct("<I")
 _EPOCH = struct.Struct("<qq")
 _KEY = struct.Struct("<qH")
 _SAMPLES = struct.Struct("<qIB")
-HAS_CRC, HAS_PRESENT, POSITIONS = 1, 2, 4
+HAS_CRC, HAS_PRESENT, POSITIONS, HAS_ASKED = 1, 2, 4, 8
+
 HEADER_SIZE = _HEADER.size
 _SYNC_BYTES = _LENGTH.pack(SYNC)
 
@@ -71,6 +78,8 @@ class Samples:
     crcs: np.ndarray | None  # uint32; None: no digests
     present: np.ndarray | None  # bool; None: every crc is present
     positions: bool  # ids are batch positions (an IterableDataset's batches)
+    asked: np.ndarray | None = None  # int64: samples asked for, not delivered as such; None: every one was
+    slots: np.ndarray | None = None  # int32: where each asked one's substitute is in ids (-1 - k: none, skipped at k)
 
 
 Record = EpochBegins | Key | Samples
@@ -90,8 +99,8 @@ def read_header(data: bytes, name: str) -> Header:
     if len(data) < HEADER_SIZE or data[:8] != MAGIC:
         raise FormatError(f"{name}: not a fastloader ledger (no {MAGIC[:7].decode()} header)")
     _, version, rank, world_size = _HEADER.unpack_from(data)
-    if version != VERSION:
-        raise FormatError(f"{name}: ledger version {version}; this fastloader reads version {VERSION}")
+    if version not in READS:
+        raise FormatError(f"{name}: ledger version {version}; this fastloader reads versions {READS[0]} to {READS[-1]}")
     return Header(rank, world_size)
 
 
@@ -110,15 +119,23 @@ def key_record(id_: int, key: str) -> bytes:
 
 
 def samples_record(
-    epoch: int, ids: np.ndarray, crcs: np.ndarray | None, present: np.ndarray | None, positions: bool = False
+    epoch: int,
+    ids: np.ndarray,
+    crcs: np.ndarray | None,
+    present: np.ndarray | None,
+    positions: bool = False,
+    asked: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> bytes:
     flags = (HAS_CRC if crcs is not None else 0) | (HAS_PRESENT if present is not None else 0)
-    flags |= POSITIONS if positions else 0
+    flags |= (POSITIONS if positions else 0) | (HAS_ASKED if asked is not None else 0)
     parts = [b"S", _SAMPLES.pack(epoch, len(ids), flags), ids.astype("<i8", copy=False).tobytes()]
     if crcs is not None:
         parts.append(crcs.astype("<u4", copy=False).tobytes())
     if present is not None:
         parts.append(present.astype(np.uint8).tobytes())
+    if asked is not None:
+        samples, slots = asked
+        parts += [_LENGTH.pack(len(samples)), samples.astype("<i8").tobytes(), slots.astype("<i4").tobytes()]
     return b"".join(parts)
 
 
@@ -188,7 +205,12 @@ def _parse(payload: bytes, name: str, at: int) -> list[Record]:
                     crcs, pos = np.frombuffer(payload, "<u4", count, pos).astype(np.uint32), pos + 4 * count
                 if flags & HAS_PRESENT:
                     present, pos = np.frombuffer(payload, np.uint8, count, pos).astype(bool), pos + count
-                out.append(Samples(epoch, ids, crcs, present, bool(flags & POSITIONS)))
+                asked = slots = None
+                if flags & HAS_ASKED:
+                    (n,), pos = _LENGTH.unpack_from(payload, pos), pos + _LENGTH.size
+                    asked, pos = np.frombuffer(payload, "<i8", n, pos).astype(np.int64), pos + 8 * n
+                    slots, pos = np.frombuffer(payload, "<i4", n, pos).astype(np.int32), pos + 4 * n
+                out.append(Samples(epoch, ids, crcs, present, bool(flags & POSITIONS), asked, slots))
             else:
                 raise FormatError(f"{name}: unknown ledger record {tag!r} in the block at byte {at}")
     except (struct.error, ValueError) as error:

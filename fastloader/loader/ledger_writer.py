@@ -11,6 +11,12 @@ the CRC32C of each sample's encoded bytes as the worker read them (fastloader's 
 first time by this process. A dataset of the user's is recorded by its indices, without digests; an
 IterableDataset, which has no indices, by its batches' positions.
 
+What is recorded is what was delivered: under an error policy (``on_error`` "skip" / "replace") the worker
+reports each sample of the batch it left out or replaced (``fastloader.read_digests``: the batch's
+``Delivery.outcomes``), and the block holds the delivered ids, each substitute's own digest, and the asked
+samples apart (a skipped one absent from the ids, a replaced one named where its substitute stands). A
+batch without a bad sample costs nothing more.
+
 Reading it back (``fastloader.ledger``) replays the file: an iteration that begins at position n cuts its
 epoch's deliveries to the first n before the new ones follow, so a run resumed from a state compares equal
 to an uninterrupted one exactly when the resume was exact (what the interrupted process delivered after the
@@ -23,13 +29,17 @@ import operator
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
 from fastloader.formats import ledger as layout
+from fastloader.read_digests import SKIPPED
 from fastloader.world import World
+
+if TYPE_CHECKING:
+    from fastloader.loader.worker_state import Delivery
 
 
 def ledger_path(path: str, world: World) -> str:
@@ -73,14 +83,18 @@ class LedgerWriter:
     def begin(self, epoch: int, start: int) -> None:
         self._write(layout.epoch_record(epoch, start))
 
-    def samples(self, epoch: int, indices: Any, digests: np.ndarray | None) -> None:
+    def samples(self, epoch: int, indices: Any, digests: np.ndarray | None, outcomes: np.ndarray | None = None) -> None:
         keys: list[bytes] = []
         ids = self._ids(indices, keys)
+        asked = None
+        if outcomes is not None and len(outcomes):
+            ids, asked = _delivered(ids, outcomes)
         crcs, present = _matched(ids, digests)
         if self.key_of is not None:
-            for id_ in self._seen.new(ids):
+            named = ids if asked is None else np.concatenate([ids, asked[0]])
+            for id_ in self._seen.new(named):
                 keys.append(layout.key_record(id_, self.key_of(id_)))
-        keys.append(layout.samples_record(epoch, ids, crcs, present))
+        keys.append(layout.samples_record(epoch, ids, crcs, present, asked=asked))
         self._write(b"".join(keys))
 
     def batch(self, epoch: int, position: int) -> None:
@@ -152,6 +166,23 @@ class _Seen:
         return fresh
 
 
+def _delivered(asked: np.ndarray, outcomes: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The ids delivered for the batch ``asked`` given the worker's outcomes (``read_digests.OUTCOME``), and
+    the samples not delivered as asked with where their substitute is (``-1 - k``: skipped, k delivered before)."""
+    given = dict(zip(outcomes["asked"].tolist(), outcomes["given"].tolist()))
+    ids: list[int] = []
+    missed: list[int] = []
+    slots: list[int] = []
+    for id_ in asked.tolist():
+        instead = given.get(id_, id_)
+        if instead != id_:
+            missed.append(id_)
+            slots.append(-1 - len(ids) if instead == SKIPPED else len(ids))
+        if instead != SKIPPED:
+            ids.append(instead)
+    return np.array(ids, np.int64), (np.array(missed, np.int64), np.array(slots, np.int32))
+
+
 def _matched(ids: np.ndarray, digests: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Each delivered sample's CRC from the worker's digests (``fastloader.read_digests.DIGEST``), and which
     have one (None: all). The worker read the batch's indices in order, unless a policy replaced one or a
@@ -182,15 +213,18 @@ class EpochLedger:
         with self._lock:
             self._asked[ordinal] = indices
 
-    def delivered(self, task: int | None, digests: np.ndarray | None) -> None:
-        """The training loop received the batch at place ``task`` (None: untracked, the oldest one asked)."""
+    def delivered(self, delivery: Delivery | None) -> None:
+        """The training loop received the batch ``delivery`` made (None: untracked, the oldest one asked)."""
         if self.writer.iterable:
             self.writer.batch(self.epoch, self.position)
             self.position += 1
             return
-        indices = self._pop(task)
+        indices = self._pop(None if delivery is None else delivery.task)
         if indices is not None:
-            self.writer.samples(self.epoch, indices, digests)
+            if delivery is None:
+                self.writer.samples(self.epoch, indices, None)
+            else:
+                self.writer.samples(self.epoch, indices, delivery.digests, delivery.outcomes)
 
     def failed(self) -> None:
         """A batch raised instead of arriving: nothing of it was delivered."""

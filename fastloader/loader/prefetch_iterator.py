@@ -110,7 +110,7 @@ class PrefetchIterator(Iterator[Any]):
             if progress is not None:
                 if progress.ledger is not None and (delivery is None or not delivery.end):
                     # ledger=: the training loop receives this batch (where the resume cursor counts it received)
-                    progress.ledger.delivered(*(delivery.task, delivery.digests) if delivery else (None, None))
+                    progress.ledger.delivered(delivery)
                 progress.record(delivery)  # here, in the consumer: the producer thread runs ahead
             if delivery is None or not delivery.end:
                 break  # (a worker's end of data comes as a batch-less delivery: its state only)

@@ -119,7 +119,8 @@ def _arrived(
 class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
     (and the batch's place ``task`` in its iteration's order, for resume, its batch ring ``slot``, and
-    whether the fetch takes the delivery ledger's ``digests``: ``fastloader.read_digests``). ``rebuild``
+    whether the fetch takes the delivery ledger's ``digests``: ``fastloader.read_digests``, with the
+    ``outcomes`` of a batch rebuilt around a sample that kills workers). ``rebuild``
     turns it back into the type the batch sampler made (a tuple, a numpy array, a tensor): the dataset sees
     exactly what it would see in torch's loader."""
 
@@ -127,9 +128,10 @@ class StampedIndices(list[Any]):
     slot: SlotRef | None = None
     digests: bool = False
     rebuild: Callable[[list[Any]], Any] | None = None
+    outcomes: tuple[tuple[int, int], ...] = ()
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _fetch_begins, (list(self), self.task, self.slot, self.digests, self.rebuild)
+        return _fetch_begins, (list(self), self.task, self.slot, self.digests, self.rebuild, self.outcomes)
 
 
 def stamped(
@@ -138,9 +140,10 @@ def stamped(
     slot: SlotRef | None = None,
     digests: bool = False,
     rebuild: Callable[[list[Any]], Any] | None = None,
+    outcomes: tuple[tuple[int, int], ...] = (),
 ) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task, out.slot, out.digests, out.rebuild = task, slot, digests, rebuild
+    out.task, out.slot, out.digests, out.rebuild, out.outcomes = task, slot, digests, rebuild, outcomes
     return out
 
 
@@ -150,13 +153,14 @@ def _fetch_begins(
     slot: SlotRef | None = None,
     digests: bool = False,
     rebuild: Callable[[list[Any]], Any] | None = None,
+    outcomes: tuple[tuple[int, int], ...] = (),
 ) -> Any:
     start = _TALLY
     start.fetch_start = perf_counter()
     start.task = task
     start.read = start.decode = start.transform = 0.0
     begin_fetch(slot)
-    read_digests.begin(digests)
+    read_digests.begin(digests, outcomes)
     # What torch's sampler made: a plain list, or the batch sampler's own tuple / array / tensor.
     return indices if rebuild is None else rebuild(indices)
 

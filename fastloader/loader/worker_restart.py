@@ -69,6 +69,7 @@ from fastloader.errors import TooManyBadSamples
 from fastloader.loader.known_killers import KnownKillers
 from fastloader.loader.stage_clock import StampedIndices, stamped
 from fastloader.loader.worker_state import IDLE, Delivery, FetchMarks, WorkerStart, WorkerState
+from fastloader.read_digests import SKIPPED
 from fastloader.torch_internals import TaggedResume, WorkerSet, resume_message
 
 if TYPE_CHECKING:
@@ -420,7 +421,12 @@ class WorkerRestarts:
         kept = [i for i in samples if not _known(i, bad)] if self.policy.mode == "skip" else []
         out = kept or [self._substitute(i) if _known(i, bad) else i for i in samples]
         if isinstance(index, StampedIndices):
-            return stamped(out, index.task, index.slot, index.digests, index.rebuild)
+            # What the worker's fetch reports to the delivery ledger: each sample left out, or its substitute.
+            if kept:
+                outcomes = tuple((operator.index(i), SKIPPED) for i in samples if _known(i, bad))
+            else:
+                outcomes = tuple((operator.index(i), operator.index(o)) for i, o in zip(samples, out) if _known(i, bad))
+            return stamped(out, index.task, index.slot, index.digests, index.rebuild, outcomes)
         return out
 
     def _substitute(self, sample: int) -> int:

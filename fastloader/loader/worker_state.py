@@ -71,6 +71,8 @@ class Delivery:
     # The delivery ledger's (ledger=): the (index, CRC32C) of each sample whose encoded bytes the dataset read
     # for this batch (``fastloader.read_digests``); None: none taken. Not part of the worker's state.
     digests: Any = None
+    # The samples of the batch an error policy left out or replaced (``read_digests.OUTCOME``); None: none.
+    outcomes: Any = None
 
     def worker_state(self) -> dict[str, Any]:
         return {"batches": self.batches, "dataset": self.dataset, "iterator": self.iterator, "rng": self.rng}
@@ -170,7 +172,7 @@ class StatefulFetcher:
             slot = self._fetch_ended()
         self.batches += 1
         counted = tally()
-        delivery = self._delivery(counted.task, read_digests.take())
+        delivery = self._delivery(counted.task, *read_digests.take())
         counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
         batch = data if isinstance(data, TimedBatch) else TimedBatch(data, None)
         batch.state, batch.ring = delivery, slot
@@ -210,7 +212,7 @@ class StatefulFetcher:
             rng_states.restore(self.rng_after_skip)
             self.rng_after_skip = None
 
-    def _delivery(self, task: int | None, digests: Any = None) -> Delivery:
+    def _delivery(self, task: int | None, digests: Any = None, outcomes: Any = None) -> Delivery:
         iterator = getattr(self.inner, "dataset_iter", None)
         own = iterator is None or iterator is not self.dataset
         return Delivery(
@@ -222,6 +224,7 @@ class StatefulFetcher:
             iterator=copy.deepcopy(iterator.state_dict()) if iterator is not None and stateful(iterator) else None,
             rng=rng_states.capture() if self.in_worker else None,
             digests=digests,
+            outcomes=outcomes,
         )
 
     def __getattr__(self, name: str) -> Any:
