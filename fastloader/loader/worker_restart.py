@@ -420,7 +420,7 @@ class WorkerRestarts:
         kept = [i for i in samples if not _known(i, bad)] if self.policy.mode == "skip" else []
         out = kept or [self._substitute(i) if _known(i, bad) else i for i in samples]
         if isinstance(index, StampedIndices):
-            return stamped(out, index.task, index.slot, index.digests, index.rebuild)
+            return stamped(out, index.task, index.slot, index.digests, index.rebuild, index.seeds)
         return out
 
     def _substitute(self, sample: int) -> int:
