@@ -20,8 +20,8 @@ The loader says which fetch runs in this thread, with which (seed, epoch) and in
 
 For other worker modes: before each sample's fetch, call ``seed_sample(seed, epoch, index)`` in the thread
 that fetches it. In one of torch's thread workers (``WorkerInfo.worker_method == "thread"``) it seeds that
-thread's own generators (``WorkerInfo.rng``), else the process's global ones. It costs about 16 µs per
-sample on a 2-core x86 machine (``benchmarks/bench_sample_seeds.py``).
+thread's own generators (``WorkerInfo.rng``), else the process's global ones. It costs 20-60 µs per sample
+on a loaded 2-core x86 machine, under 2% of a train-pipeline image (``benchmarks/bench_sample_seeds.py``).
 """
 
 from __future__ import annotations
