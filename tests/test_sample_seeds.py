@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from fastloader import sample_seeds
@@ -61,3 +62,28 @@ def test_a_fetchs_generator_and_flips_are_the_samples_and_none_without_seed() ->
     assert flips is not None and again is not None and again[0] == flips[1]
     assert ((flips >= 0) & (flips < 1)).all()
     assert sample_seeds.current() is None
+
+
+def test_in_a_thread_worker_seed_sample_seeds_the_threads_own_generators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's thread workers (``WorkerInfo(worker_method="thread", rng=...)``): the thread's generators are seeded,
+    the process's global ones are left alone (another thread's)."""
+    from torch.utils.data._utils.worker import _RNG, WorkerInfo
+
+    def thread_info() -> WorkerInfo:
+        rng = _RNG(random.Random(), torch.Generator(), np.random.default_rng())
+        return WorkerInfo(id=0, num_workers=1, seed=0, dataset=None, worker_method="thread", rng=rng)
+
+    def thread_draws(info: WorkerInfo) -> tuple[float, float, float]:
+        rng = info.rng
+        numpy_draw = float(rng.numpy_generator.random())  # type: ignore[attr-defined]
+        return rng.random_generator.random(), numpy_draw, float(torch.rand(1, generator=rng.torch_generator))
+
+    first, second = thread_info(), thread_info()
+    random.seed(1)
+    before = random.getstate(), torch.get_rng_state()
+    monkeypatch.setattr(sample_seeds, "get_worker_info", lambda: first)
+    sample_seeds.seed_sample(5, 1, 9)
+    monkeypatch.setattr(sample_seeds, "get_worker_info", lambda: second)
+    sample_seeds.seed_sample(5, 1, 9)
+    assert thread_draws(first) == thread_draws(second)
+    assert random.getstate() == before[0] and torch.equal(torch.get_rng_state(), before[1])

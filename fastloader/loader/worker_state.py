@@ -165,7 +165,7 @@ class StatefulFetcher:
         # them is undone after the batch.
         saved = rng_states.capture() if seeded is not None and not self.in_worker else None
         try:
-            data = self.inner.fetch(index) if seeded is None else self._seeded_fetch(index, seeded)
+            data = self.inner.fetch(index) if seeded is None else self._seeded_fetch(index)
         except StopIteration:
             if not self.iterable or self.end_sent:
                 raise
@@ -181,13 +181,13 @@ class StatefulFetcher:
                 rng_states.restore(saved)
         self.batches += 1
         counted = tally()
-        delivery = dataclasses.replace(self._delivery(counted.task, read_digests.take()), flips=flips)
+        delivery = self._delivery(counted.task, read_digests.take(), flips)
         counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
         batch = data if isinstance(data, TimedBatch) else TimedBatch(data, None)
         batch.state, batch.ring = delivery, slot
         return batch
 
-    def _seeded_fetch(self, index: Any, seeded: sample_seeds.Fetch) -> Any:
+    def _seeded_fetch(self, index: Any) -> Any:
         """torch's map-style fetch under ``seed=``: the global generators seeded for each sample right before the
         dataset is asked for it (``fastloader.sample_seeds``). A dataset with ``__getitems__`` gets the batch as in
         torch: fastloader's seed each sample themselves; another's finds them seeded for the batch's first sample."""
@@ -239,7 +239,7 @@ class StatefulFetcher:
             rng_states.restore(self.rng_after_skip)
             self.rng_after_skip = None
 
-    def _delivery(self, task: int | None, digests: Any = None) -> Delivery:
+    def _delivery(self, task: int | None, digests: Any = None, flips: Any = None) -> Delivery:
         iterator = getattr(self.inner, "dataset_iter", None)
         own = iterator is None or iterator is not self.dataset
         return Delivery(
@@ -251,6 +251,7 @@ class StatefulFetcher:
             iterator=copy.deepcopy(iterator.state_dict()) if iterator is not None and stateful(iterator) else None,
             rng=rng_states.capture() if self.in_worker else None,
             digests=digests,
+            flips=flips,
         )
 
     def __getattr__(self, name: str) -> Any:
