@@ -11,6 +11,8 @@ import os
 import platform
 from importlib import metadata
 
+from fastloader.gil import gil_report
+
 
 def _dist_version(name: str) -> str | None:
     try:
@@ -109,8 +111,9 @@ def collect() -> dict[str, str]:
     """The whole report as ordered ``name -> value`` pairs."""
     import fastloader
 
+    gil = gil_report()  # first: the imports below would warn before it listens
     flavor, version = pil_flavor()
-    report = {"fastloader": fastloader.__version__, "python": platform.python_version()}
+    report = {"fastloader": fastloader.__version__, "python": platform.python_version(), "GIL": gil}
     report.update(torch_report())
     report["PIL"] = f"{flavor} {version}"
     report["jpeg"] = libjpeg_version()

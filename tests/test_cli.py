@@ -18,8 +18,9 @@ from fastloader.info import _ranges, collect
 
 def test_info_report_names_every_piece() -> None:
     report = collect()
-    for key in ("fastloader", "torch", "cuda", "PIL", "jpeg", "cpu count", "cpu affinity"):
+    for key in ("fastloader", "GIL", "torch", "cuda", "PIL", "jpeg", "cpu count", "cpu affinity"):
         assert key in report
+    assert report["GIL"].startswith("on (") or report["GIL"].startswith("off (")
     assert report["fastloader"] == __version__
     assert report["PIL"].endswith(PIL.__version__)
     assert report["PIL"].split()[0] in ("Pillow", "Pillow-SIMD")

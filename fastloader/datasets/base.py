@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastloader import read_digests
+from fastloader import read_digests, sample_seeds
 from fastloader.datasets.batch_route import whole_batch
 from fastloader.datasets.cache_route import cached_batch, checked_cache, open_cache
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
@@ -95,7 +95,14 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     goes image by image when a sample of it fails or is excluded (``fastloader.datasets.policy_route``);
     samples with fields take ``fastloader.datasets.fields_route``. Without one, the image comes
     from ``_image()`` (the one override point: ImageFolder's ``loader(path)`` is one) and the transform.
+
+    Under a DataLoaderX with ``seed=`` each sample draws from its own key (``fastloader.sample_seeds``): the
+    fused steps' crops from a generator seeded by it, and a transform of the user's (or the fused transform's
+    tail) from the global generators, seeded for the sample right before it runs (``seeds_each_sample``).
     """
+
+    # The loader's fetch leaves the per-sample seeding of a batch to this dataset (fastloader.sample_seeds).
+    seeds_each_sample = True
 
     def __init__(
         self,
@@ -147,6 +154,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if self._layout is not None:
             return sample(self, index)
         fused = self._fused()
+        if fused is None or fused.tail:  # a transform of the user's draws from the global generators
+            sample_seeds.seed_for(index)
         if fused is not None:
             return self._finish(fused, self._decoded(fused, index)[0]), self._label(index)
         image = self._image(index)
@@ -310,7 +319,8 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         read_digests.record(index, data)  # the ledger's digest of the bytes as read (off unless ledger=)
         with timed("decode"):  # fused with the crop and resize; for the GPU, only the header and the plan
             key = self.source.key(index)
-            header, plan, decoded = fused.decode_planned(data, key, out, pixels=pixels and not gpu)
+            generator = sample_seeds.generator(index)  # seed=: the sample's own draws; else torch's global generator
+            header, plan, decoded = fused.decode_planned(data, key, out, pixels=pixels and not gpu, generator=generator)
         if gpu:
             return EncodedImage(data, plan, key, header, index), plan
         if cache is not None and decoded is not None:

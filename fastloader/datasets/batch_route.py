@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fastloader import read_digests
+from fastloader import read_digests, sample_seeds
 from fastloader.image.batching import decode_threads
 from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
@@ -55,7 +55,9 @@ def decode_batch(
     """Items ``indices`` through the fused steps into ``pixels[i]``: reads, then decodes, the JPEGs in one
     call of the extension (``FusedTransform.decode_batch``) on ``threads`` (``decode_threads`` decides for
     None); errors name the item's key. The encoded bytes held at once are bounded (``_BATCH_BYTES``: a batch
-    of large images goes in several calls)."""
+    of large images goes in several calls). With ``seed=`` each image's crop is drawn from its own key
+    (``fastloader.sample_seeds``)."""
+    seeded = sample_seeds.current() is not None
     start = 0
     while start < len(indices):
         blobs: list[bytes] = []
@@ -68,6 +70,12 @@ def decode_batch(
                 read_digests.record(index, blobs[-1])  # the ledger's digest (off unless ledger=)
         end = start + len(blobs)
         keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
+        generators = _generators(indices, start) if seeded else None
         with timed("decode"):
-            fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(threads))
+            fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(threads), generators)
         start = end
+
+
+def _generators(indices: Sequence[int], start: int) -> Any:
+    """Image ``slot`` of the call starting at ``start``: the generator its sample draws from (seed=)."""
+    return lambda slot: sample_seeds.generator(indices[start + slot])

@@ -137,6 +137,8 @@ def format_text(result: dict[str, Any]) -> str:
     cpu = result["cpu"]["per_core_percent_mean"]
     if cpu:
         lines.append("CPU per core: " + " ".join(f"{value:.0f}%" for value in cpu))
+    if result["environment"].get("gil"):
+        lines.append(f"GIL: {result['environment']['gil']}")
     if result.get("gpu"):
         lines.append(f"GPU: {result['gpu']['name']}, {result['gpu']['utilization_percent_mean']:.0f}% busy")
     tuned = result.get("autotune")

@@ -6,7 +6,7 @@ import os
 import resource
 from typing import Any
 
-from fastloader import world
+from fastloader import gil, world
 
 OPEN_FILES_MIN = 4096  # torch passes each shared batch tensor as a file descriptor; shards keep files open
 
@@ -27,6 +27,7 @@ def environment(
     import psutil
     import torch
 
+    gil_line = gil.gil_report()  # before the imports below: it names the module that turned the GIL back on
     cores, quota = world.cores_per_rank(), world.cgroup_cpu_quota()
     shm = shm_bytes()
     in_flight = num_workers * (prefetch_factor or 2) + 2  # batches in shared memory at once, at most
@@ -43,6 +44,7 @@ def environment(
         "memory_total_bytes": psutil.virtual_memory().total,
         "cuda": torch.cuda.is_available(),
         "gpu_name": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gil": gil_line,
     }
     traps = []
     if shm is not None and needed > shm / 2:
@@ -61,6 +63,14 @@ def environment(
                 "message": f"the open-files limit is {soft}: workers hand batches over as file descriptors and"
                 " shards keep files open ('Too many open files')",
                 "fix": f"ulimit -n {OPEN_FILES_MIN * 16} before training (or raise nofile in limits.conf)",
+            }
+        )
+    if gil.free_threaded_build() and gil.gil_enabled():
+        traps.append(
+            {
+                "name": "gil_enabled",
+                "message": f"this free-threaded Python runs with the GIL: {gil_line}",
+                "fix": "a release of that module that supports free-threading, or PYTHON_GIL=0 (at your own risk)",
             }
         )
     if num_workers > cores:

@@ -68,7 +68,7 @@ SCHEMA: dict[str, Any] = {
         },
         "environment": {
             "type": "object",
-            "required": ["usable_cores", "shm_bytes", "shm_needed_bytes", "open_files_limit", "cuda"],
+            "required": ["usable_cores", "shm_bytes", "shm_needed_bytes", "open_files_limit", "cuda", "gil"],
             "properties": {"usable_cores": {"type": "integer", "minimum": 1}, "cuda": {"type": "boolean"}},
         },
         "traps": {
@@ -76,7 +76,9 @@ SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "required": ["name", "message", "fix"],
-                "properties": {"name": {"enum": ["shm_too_small", "open_files_limit", "workers_over_cores"]}},
+                "properties": {
+                    "name": {"enum": ["shm_too_small", "open_files_limit", "workers_over_cores", "gil_enabled"]}
+                },
             },
         },
         "storage": {

@@ -1058,9 +1058,21 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
+/* Free-threaded Python (3.13t, 3.14t): the module declares that it does not need the GIL, so importing it
+ * does not turn the GIL back on. What it shares between threads is safe without it: CorruptJPEG is made here,
+ * once, under the import lock; the resize's per-thread buffers hang off a pthread key made under
+ * pthread_once; the SIMD choice (fl_resample_simd) is made here, before any thread can ask, and read
+ * atomically; the pass order is stored and read atomically. Every call works on the buffers its caller passed,
+ * with the GIL released (or not held) while libjpeg runs, as on a GIL build. */
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+#ifdef Py_GIL_DISABLED
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     CorruptJPEG = PyErr_NewException("fastloader.image._jpeg.CorruptJPEG", PyExc_ValueError, NULL);
     if (CorruptJPEG == NULL || PyModule_AddObjectRef(m, "CorruptJPEG", CorruptJPEG) < 0) {
         Py_DECREF(m);

@@ -393,16 +393,18 @@ __attribute__((target("avx2"))) static void weigh_rows_avx2(const uint8_t *in, s
 /* Asked once: the CPUID instruction behind it costs tens of microseconds in some virtual machines.
  * FASTLOADER_NO_SIMD_RESIZE=1 in the environment keeps to the plain C passes (the tests compare the two;
  * the same integers either way). */
-static int simd = -1;
+static int simd = -1; /* atomic: threads without a GIL may ask at once (they compute the same answer) */
 
 int fl_resample_simd(void) {
 #if HAVE_AVX2
-    if (simd < 0) {
+    int known = __atomic_load_n(&simd, __ATOMIC_RELAXED);
+    if (known < 0) {
         const char *off = getenv("FASTLOADER_NO_SIMD_RESIZE");
         __builtin_cpu_init();
-        simd = (off == NULL || strcmp(off, "1") != 0) && __builtin_cpu_supports("avx2") ? 1 : 0;
+        known = (off == NULL || strcmp(off, "1") != 0) && __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&simd, known, __ATOMIC_RELAXED);
     }
-    return simd;
+    return known;
 #else
     return 0;
 #endif

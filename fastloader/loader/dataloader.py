@@ -64,7 +64,8 @@ class DataLoaderX(DataLoader[T_co]):
         channels_last: deliver normalized images in channels_last memory format.
         random_flip: probability of flipping each image horizontally, on the device; drawn from a
             generator of the loader's own, seeded each epoch from torch's worker seed (so
-            ``torch.manual_seed`` or ``generator`` make it reproducible), never from the training loop's.
+            ``torch.manual_seed`` or ``generator`` make it reproducible), never from the training loop's;
+            with ``seed=``, from (seed, epoch, sample index).
         decode_on: "cuda" decodes JPEGs with nvJPEG in this process, on the side stream (through
             torchcodec when installed, else torchvision: ``stats()["gpu_decoder"]`` says which); the
             dataset (a fastloader dataset with a ``fastloader.transforms`` transform) then sends
@@ -79,9 +80,12 @@ class DataLoaderX(DataLoader[T_co]):
         num_workers: torch's, or ``"auto"``: measured at the first ``iter()`` on this pipeline, raising workers
             within the cores this rank may use and keeping the knee (``fastloader.loader.autotune``; the
             choice is logged and in ``stats()["autotune"]``). ``prefetch_factor="auto"`` likewise.
-        seed: the shuffle seed; orders are a function of (seed, epoch), from numpy. None keeps torch's
-            orders exactly (the same batches as torch's loader for the same ``torch.manual_seed`` or
-            ``generator``), still resumable by ``load_state_dict``.
+        seed: orders are a function of (seed, epoch), from numpy, and each sample's random draws (fastloader's
+            transforms, ``random_flip``, the global generators a transform of yours draws from) a function of
+            (seed, epoch, sample index), whichever worker makes it (``fastloader.sample_seeds``): the same
+            pixels at any ``num_workers``. None keeps torch's orders and draws exactly (the same batches as
+            torch's loader for the same ``torch.manual_seed`` or ``generator``), still resumable by
+            ``load_state_dict``.
         stall_warning: seconds without a batch after which the ``fastloader`` logger warns with the
             Python stacks of every worker and of this process, naming the worker that holds the awaited
             batch (repeated every ``stall_warning`` seconds while the wait lasts); None: never. ``timeout``

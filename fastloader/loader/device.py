@@ -99,20 +99,20 @@ class CudaCopier:
         device: torch.device,
         non_blocking: bool,
         prepare: Callable[[Any], Any] | None = None,
-        finish: Callable[[Any], Any] | None = None,
+        finish: Callable[..., Any] | None = None,
     ) -> None:
         if device.type != "cuda":
             raise ValueError(f"CudaCopier needs a CUDA device, got {device}")
         self.device = device
         self.non_blocking = non_blocking
         self.prepare = prepare  # on the side stream, before the copy (GPU decode)
-        self.finish = finish  # on the side stream, after the copy (float + normalize)
+        self.finish = finish  # on the side stream, after the copy (float + normalize; with the batch's flips)
         self.stream = torch.cuda.Stream(device=device)
         self._copying: collections.deque[tuple[torch.cuda.Event, Any]] = collections.deque()  # (event, host batch)
         self._lock = threading.Lock()
 
-    def send(self, batch: Any, consumer: torch.cuda.Stream) -> InFlight:
-        """Queue the copy of ``batch`` (producer thread)."""
+    def send(self, batch: Any, consumer: torch.cuda.Stream, flips: Any = None) -> InFlight:
+        """Queue the copy of ``batch`` (producer thread); ``flips``: its samples' random_flip draws (seed=)."""
         host = batch
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self.stream.wait_stream(consumer)
@@ -120,7 +120,7 @@ class CudaCopier:
                 batch = self.prepare(batch)
             moved = map_tensors(batch, self._copy)
             if self.finish is not None:
-                moved = self.finish(moved)
+                moved = self.finish(moved, flips)
             ready = torch.cuda.Event()
             ready.record(self.stream)
         self._hold(ready, host)

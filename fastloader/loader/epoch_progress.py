@@ -93,6 +93,9 @@ class Progress:
         self.sampler_state = plan.sampler
         self._drawn: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
         self.ledger: EpochLedger | None = None  # ledger=: this iteration's deliveries written (open_epoch sets it)
+        # seed=: the (seed, epoch) each sample's random draws are a function of, with its index
+        # (fastloader.sample_seeds); None: the workers' generators, as torch's loader (ResumeCursor.begin sets it).
+        self.sample_seeds: tuple[int, int] | None = None
 
     def drew(self, ordinal: int, state: dict[str, Any]) -> None:
         """The Stateful sampler's state after its batch ``ordinal`` was drawn (main process, ahead of the loop)."""
@@ -179,9 +182,10 @@ class EpochIndices:
         if ring is not None:
             ring.epoch_starts()
         digests = progress.ledger is not None  # the workers take digests of what they read for the ledger
+        seeds = progress.sample_seeds
         for ordinal, indices in progress.batches_of(self.inner):
             slot = ring.slot() if ring is not None and type(indices) is list else None
-            yield stamp(indices, ordinal, self.in_workers, slot, digests)
+            yield stamp(indices, ordinal, self.in_workers, slot, digests, seeds)
 
     def __len__(self) -> int:
         return len(self.inner)

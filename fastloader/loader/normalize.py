@@ -10,7 +10,9 @@ from it at moments that depend on timing would make seeded runs irreproducible, 
 CUDA graph being captured in the loop (torch checks that nothing else advances the generator it
 registered). DataLoaderX seeds it each epoch from the seed torch's iterator draws for its workers
 (so ``torch.manual_seed`` or the loader's ``generator`` decide the flips); in a worker it is seeded
-from the worker's seed. Without CUDA the same
+from the worker's seed. With ``seed=`` each sample's flip is instead a function of (seed, epoch, sample
+index) (``fastloader.sample_seeds.flip_draws``, drawn where the batch is fetched and sent with it), so it
+is the same whichever worker made the batch and wherever the flip is applied. Without CUDA the same
 arithmetic runs on the CPU in the loader's thread, so one script gives the same values everywhere.
 
 Without CUDA, DataLoaderX normalizes in the collate step instead (:class:`NormalizingCollate`), in
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from fastloader import sample_seeds
 from fastloader.loader.nested import map_tensors
 from fastloader.torch_internals import shared_storage
 
@@ -92,17 +95,22 @@ class Normalizer:
         if self._flips is not None:
             self._flips.manual_seed(seed)
 
-    def __call__(self, batch: Any) -> Any:
-        return map_tensors(batch, self._apply)
+    def __call__(self, batch: Any, flips: Any = None) -> Any:
+        """Normalize (and flip) the image batches of ``batch``; ``flips``: one draw in [0, 1) per sample (seed=),
+        None: drawn from this normalizer's generator."""
+        return map_tensors(batch, lambda tensor: self._apply(tensor, flips))
 
     def _is_image_batch(self, tensor: torch.Tensor) -> bool:
         return tensor.dtype == torch.uint8 and tensor.dim() == 4 and tensor.shape[1] == self._scale.shape[1]
 
-    def _apply(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _apply(self, tensor: torch.Tensor, flips: Any = None) -> torch.Tensor:
         if not self._is_image_batch(tensor):
             return tensor
         if self.spec.flip_p > 0:
-            flip = torch.rand(tensor.shape[0], device=self.device, generator=self._flips) < self.spec.flip_p
+            if flips is not None and len(flips) == tensor.shape[0]:
+                flip = torch.from_numpy(flips < self.spec.flip_p)
+            else:  # no seed= (or a batch an error policy shortened: its samples are not the fetch's)
+                flip = torch.rand(tensor.shape[0], device=self.device, generator=self._flips) < self.spec.flip_p
             flip = flip.to(tensor.device)
             tensor = torch.where(flip.view(-1, 1, 1, 1), tensor.flip(-1), tensor)
         # Reorder the uint8 pixels (1 byte each) before widening them, then scale in place: 2.5x
@@ -139,7 +147,7 @@ class NormalizingCollate:
             worker = get_worker_info()
             seed = self._seed if worker is None else worker.seed
             self._normalizer = Normalizer(self.spec, torch.device("cpu"), shared=worker is not None, seed=seed)
-        return self._normalizer(self.inner(batch))
+        return self._normalizer(self.inner(batch), sample_seeds.flip_draws())
 
     def __getstate__(self) -> dict[str, Any]:
         return {"inner": self.inner, "spec": self.spec, "_seed": self._seed, "_normalizer": None}

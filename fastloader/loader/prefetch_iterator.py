@@ -210,7 +210,7 @@ def _arrive(item: Any, copier: CudaCopier | None, consumer: Any, stats: StageSta
     if copier is not None:
         start = time.perf_counter()
         with labelled("h2d"):
-            item = copier.send(item, consumer=consumer)
+            item = copier.send(item, consumer=consumer, flips=delivery.flips if delivery is not None else None)
         if timing is not None:
             timing.h2d = time.perf_counter() - start
     if timing is not None:

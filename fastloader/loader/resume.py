@@ -202,6 +202,9 @@ class ResumeCursor:
             library.start_epoch(plan.epoch, loaded, self.loader.batch_size or 1, int(self.loader.num_workers))
         progress = Progress(plan, rng, plan.seed, Indexing.of(self.loader))
         progress.base_draw_aside = aside
+        seed = self.loader.seed
+        if seed is not None and not progress.indexing.iterable:  # a map-style sample's draws: (seed, epoch, index)
+            progress.sample_seeds = (seed, plan.epoch)
         self.pending, self.current = None, progress
         self.sampler_epoch_at_iter = sampler_epoch(self.loader)
         return progress

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from fastloader import read_digests
+from fastloader import read_digests, sample_seeds
 from fastloader.image.batch_ring import SlotRef, arrived, begin_fetch, pack
 from fastloader.timing import labelled, tally
 from fastloader.torch_internals import pin_memory as _pin_memory
@@ -120,7 +120,8 @@ class StampedIndices(list[Any]):
     """A batch of indices that marks, when a worker unpickles it, the moment that worker starts the fetch
     (and the batch's place ``task`` in its iteration's order, for resume, its batch ring ``slot``, and
     whether the fetch takes the delivery ledger's ``digests``: ``fastloader.read_digests``, with the
-    ``outcomes`` of a batch rebuilt around a sample that kills workers). ``rebuild``
+    ``outcomes`` of a batch rebuilt around a sample that kills workers; and with ``seed=`` the ``(seed, epoch)``
+    its samples draw from: ``fastloader.sample_seeds``). ``rebuild``
     turns it back into the type the batch sampler made (a tuple, a numpy array, a tensor): the dataset sees
     exactly what it would see in torch's loader."""
 
@@ -129,9 +130,11 @@ class StampedIndices(list[Any]):
     digests: bool = False
     rebuild: Callable[[list[Any]], Any] | None = None
     outcomes: tuple[tuple[int, int], ...] = ()
+    seeds: tuple[int, int] | None = None
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _fetch_begins, (list(self), self.task, self.slot, self.digests, self.rebuild, self.outcomes)
+        args = (list(self), self.task, self.slot, self.digests, self.rebuild, self.outcomes, self.seeds)
+        return _fetch_begins, args
 
 
 def stamped(
@@ -141,9 +144,11 @@ def stamped(
     digests: bool = False,
     rebuild: Callable[[list[Any]], Any] | None = None,
     outcomes: tuple[tuple[int, int], ...] = (),
+    seeds: tuple[int, int] | None = None,
 ) -> StampedIndices:
     out = StampedIndices(indices)
-    out.task, out.slot, out.digests, out.rebuild, out.outcomes = task, slot, digests, rebuild, outcomes
+    out.task, out.slot, out.digests, out.rebuild = task, slot, digests, rebuild
+    out.outcomes, out.seeds = outcomes, seeds
     return out
 
 
@@ -154,6 +159,7 @@ def _fetch_begins(
     digests: bool = False,
     rebuild: Callable[[list[Any]], Any] | None = None,
     outcomes: tuple[tuple[int, int], ...] = (),
+    seeds: tuple[int, int] | None = None,
 ) -> Any:
     start = _TALLY
     start.fetch_start = perf_counter()
@@ -161,29 +167,38 @@ def _fetch_begins(
     start.read = start.decode = start.transform = 0.0
     begin_fetch(slot)
     read_digests.begin(digests, outcomes)
+    sample_seeds.begin(seeds[0] if seeds else None, seeds[1] if seeds else 0, indices)
     # What torch's sampler made: a plain list, or the batch sampler's own tuple / array / tensor.
     return indices if rebuild is None else rebuild(indices)
 
 
-def stamp(indices: Any, task: int | None, in_workers: bool, slot: SlotRef | None = None, digests: bool = False) -> Any:
+def stamp(
+    indices: Any,
+    task: int | None,
+    in_workers: bool,
+    slot: SlotRef | None = None,
+    digests: bool = False,
+    seeds: tuple[int, int] | None = None,
+) -> Any:
     """A batch of indices from the loader's index sampler, marking when its fetch starts (and its place
     ``task`` in the iteration's order, the batch ring ``slot`` it may write, and whether its fetch takes
-    digests for the ledger): with worker processes the worker marks it on unpickling (see
+    digests for the ledger, and with ``seed=`` the ``seeds`` (seed, epoch) its samples draw from): with worker
+    processes the worker marks it on unpickling (see
     :class:`StampedIndices`); without, the producer thread runs the fetch right after taking the indices, so
     the mark is made now. A batch sampler's tuple, 1-D numpy array or tensor travels as a list marked to be
     rebuilt in the worker; any other kind of batch travels as it is (no mark: the caller gives it no slot,
     and the ledger no digests)."""
     if not in_workers:
-        _fetch_begins([], task, slot, digests)
+        _fetch_begins(indices, task, slot, digests, None, seeds=seeds)
         return indices
     if type(indices) is list:
-        return stamped(indices, task, slot, digests)
+        return stamped(indices, task, slot, digests, None, seeds=seeds)
     rebuild = _rebuilder(indices)
     if rebuild is None:
         return indices
     # An array's or tensor's items travel as Python ints (a tensor's would each go through shared memory).
     items = indices.tolist() if isinstance(indices, np.ndarray | torch.Tensor) else list(indices)
-    return stamped(items, task, slot, digests, rebuild)
+    return stamped(items, task, slot, digests, rebuild, seeds=seeds)
 
 
 def _rebuilder(indices: Any) -> Callable[[list[Any]], Any] | None:

@@ -426,7 +426,7 @@ class WorkerRestarts:
                 outcomes = tuple((operator.index(i), SKIPPED) for i in samples if _known(i, bad))
             else:
                 outcomes = tuple((operator.index(i), operator.index(o)) for i, o in zip(samples, out) if _known(i, bad))
-            return stamped(out, index.task, index.slot, index.digests, index.rebuild, outcomes)
+            return stamped(out, index.task, index.slot, index.digests, index.rebuild, outcomes, seeds=index.seeds)
         return out
 
     def _substitute(self, sample: int) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastloader import read_digests
+from fastloader import read_digests, sample_seeds
 from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader import rng_states
@@ -73,6 +73,9 @@ class Delivery:
     digests: Any = None
     # The samples of the batch an error policy left out or replaced (``read_digests.OUTCOME``); None: none.
     outcomes: Any = None
+    # seed=: one uniform draw per sample of the batch for random_flip, from (seed, epoch, index)
+    # (``fastloader.sample_seeds.flip_draws``); None: the flips' own generator. Not part of the worker's state.
+    flips: Any = None
 
     def worker_state(self) -> dict[str, Any]:
         return {"batches": self.batches, "dataset": self.dataset, "iterator": self.iterator, "rng": self.rng}
@@ -159,8 +162,12 @@ class StatefulFetcher:
         if marks is not None:
             task = tally().task
             marks.mark(self.worker, IDLE if task is None else task)
+        seeded = sample_seeds.current()
+        # With num_workers=0 the global generators are the training loop's: what the samples' seeds did to
+        # them is undone after the batch.
+        saved = rng_states.capture() if seeded is not None and not self.in_worker else None
         try:
-            data = self.inner.fetch(index)
+            data = self.inner.fetch(index) if seeded is None else self._seeded_fetch(index)
         except StopIteration:
             if not self.iterable or self.end_sent:
                 raise
@@ -170,13 +177,35 @@ class StatefulFetcher:
             if marks is not None:
                 marks.mark(self.worker, IDLE)
             slot = self._fetch_ended()
+            flips = sample_seeds.flip_draws()
+            sample_seeds.end()
+            if saved is not None:
+                rng_states.restore(saved)
         self.batches += 1
         counted = tally()
-        delivery = self._delivery(counted.task, *read_digests.take())
+        delivery = self._delivery(counted.task, *read_digests.take(), flips=flips)
         counted.task = None  # indices that carry no place (not a plain list) must not reuse this one
         batch = data if isinstance(data, TimedBatch) else TimedBatch(data, None)
         batch.state, batch.ring = delivery, slot
         return batch
+
+    def _seeded_fetch(self, index: Any) -> Any:
+        """torch's map-style fetch under ``seed=``: the global generators seeded for each sample right before the
+        dataset is asked for it (``fastloader.sample_seeds``). A dataset with ``__getitems__`` gets the batch as in
+        torch: fastloader's seed each sample themselves; another's finds them seeded for the batch's first sample."""
+        inner, dataset = self.inner, self.dataset
+        if not inner.auto_collation:
+            sample_seeds.seed_for(index)
+            return inner.collate_fn(dataset[index])
+        if getattr(dataset, "__getitems__", None):
+            if not getattr(dataset, "seeds_each_sample", False) and len(index):
+                sample_seeds.seed_for(index[0])
+            return inner.fetch(index)
+        items = []
+        for sample in index:
+            sample_seeds.seed_for(sample)
+            items.append(dataset[sample])
+        return inner.collate_fn(items)
 
     def _fetch_ended(self) -> SlotRef | None:
         """The batch ring slot the fetch was given (``fastloader.image.batch_ring``): in a worker it travels
@@ -212,7 +241,7 @@ class StatefulFetcher:
             rng_states.restore(self.rng_after_skip)
             self.rng_after_skip = None
 
-    def _delivery(self, task: int | None, digests: Any = None, outcomes: Any = None) -> Delivery:
+    def _delivery(self, task: int | None, digests: Any = None, outcomes: Any = None, flips: Any = None) -> Delivery:
         iterator = getattr(self.inner, "dataset_iter", None)
         own = iterator is None or iterator is not self.dataset
         return Delivery(
@@ -225,6 +254,7 @@ class StatefulFetcher:
             rng=rng_states.capture() if self.in_worker else None,
             digests=digests,
             outcomes=outcomes,
+            flips=flips,
         )
 
     def __getattr__(self, name: str) -> Any:

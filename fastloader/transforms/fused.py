@@ -105,14 +105,21 @@ class FusedTransform:
         return frame.to_plan()
 
     def decode_planned(
-        self, data: bytes, key: str = "<bytes>", out: np.ndarray | None = None, *, pixels: bool = True
+        self,
+        data: bytes,
+        key: str = "<bytes>",
+        out: np.ndarray | None = None,
+        *,
+        pixels: bool = True,
+        generator: torch.Generator | None = None,
     ) -> Decoded:
         """Header -> crop plan -> decode: the fused steps on encoded ``data``, the one place they run.
 
         Pixels are H×W×3 uint8, written into ``out`` when given; ``pixels=False`` stops at the plan (a
-        GPU decodes, or only the plan is wanted). Errors name ``key``."""
+        GPU decodes, or only the plan is wanted). The plan draws from ``generator`` (None: torch's global
+        generator, as torchvision). Errors name ``key``."""
         header = decode.read_header(data, key)
-        plan = self.plan(header.width, header.height)
+        plan = self.plan(header.width, header.height, generator)
         if not pixels:
             return Decoded(header, plan, None)
         return Decoded(
@@ -120,20 +127,26 @@ class FusedTransform:
         )
 
     def decode_batch(
-        self, blobs: Sequence[bytes], out: np.ndarray, keys: Callable[[int], str], threads: int = 1
+        self,
+        blobs: Sequence[bytes],
+        out: np.ndarray,
+        keys: Callable[[int], str],
+        threads: int = 1,
+        generators: Callable[[int], torch.Generator | None] | None = None,
     ) -> None:
         """:meth:`decode_planned` for a batch: image i of ``blobs`` into ``out[i]`` (uint8 N×H×W×3), the JPEGs
         in one call of the extension on ``threads`` threads (``fastloader.image.decode.decode_plans``).
 
         Headers are read and plans drawn image after image, as one call per image would draw them (the same
-        random crops); a plan that depends only on the size is made once per size. Errors name ``keys(i)``."""
+        random crops; image i's from ``generators(i)`` when given, drawn right before its plan); a plan that
+        depends only on the size is made once per size. Errors name ``keys(i)``."""
         images: list[tuple[bytes, decode.ImageHeader, CropPlan]] = []
         by_size: dict[tuple[int, int], CropPlan] | None = {} if all(s._size_only for s in self.steps) else None
         for slot, data in enumerate(blobs):
             header = decode.read_header(data, keys(slot))
             size = header.width, header.height
             if by_size is None:
-                plan = self.plan(*size)
+                plan = self.plan(*size, generators(slot) if generators is not None else None)
             else:
                 plan = by_size.get(size) or by_size.setdefault(size, self.plan(*size))
             images.append((data, header, plan))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from fastloader.doctor.environment import environment, shm_bytes
+from fastloader.gil import gil_report
 from fastloader.world import cores_per_rank
 from tests.helpers import run_python
 
@@ -49,3 +50,10 @@ def test_more_workers_than_usable_cores_is_a_trap() -> None:
     assert "workers_over_cores" in names(traps)
     _, fine = environment(batch_bytes=1024, num_workers=cores, prefetch_factor=2)
     assert "workers_over_cores" not in names(fine)
+
+
+def test_the_environment_says_whether_the_gil_is_on() -> None:
+    env, traps = environment(batch_bytes=1 << 20, num_workers=0, prefetch_factor=None)
+    assert env["gil"] == gil_report()
+    assert env["gil"].startswith("on (") or env["gil"].startswith("off (")
+    assert "gil_enabled" not in names(traps) or env["gil"].startswith("on: turned back on by importing")

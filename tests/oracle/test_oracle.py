@@ -4,7 +4,10 @@ delivered sample checked epoch by epoch against a reference.
 The reference is torch's ``DataLoader`` over the same arguments, made after the same ``torch.manual_seed``,
 where it is exact (every case but these); otherwise a small specification of the uninterrupted run:
 
-* ``seed=`` (fastloader's own order): DataLoaderX in its plainest form (no workers) over the same order;
+* ``seed=`` (fastloader's own order): DataLoaderX in its plainest form (no workers) over the same order; each
+  sample's random draws are then a function of (seed, epoch, sample index) (``fastloader.sample_seeds``), so
+  every sample is checked whole (its pixels, its draws) in every case below, a resume at another
+  ``batch_size`` or ``num_workers`` included;
 * a sample that kills its worker once: torch's run in which nothing dies (the restarted worker makes the batch
   again, with the dead worker's random state); one that kills every time (``on_error="skip"``): torch's run
   without that sample; a worker SIGKILLed while idle: torch's run;
@@ -66,11 +69,9 @@ def _seeds() -> list[int]:
 def reference(case: Case, world: World) -> list[list[Record]]:
     """What an uninterrupted run of ``case`` delivers, per epoch (see the module docstring)."""
     seed_all(SEED)
-    if case.order == "seed":  # fastloader's own order: its plainest loader with the same workers
-        plain = Case(
-            **{**case.__dict__, "in_order": True, "prefetch": None, "kill_idle": None, "worker_method": "process"}
-        )
-        loader = make_loader(plain, world.dataset(plain=True, run="reference"))
+    if case.order == "seed":  # fastloader's own order: its plainest loader, without workers
+        plain = Case(**{**case.__dict__, "in_order": True, "prefetch": None, "kill_idle": None})
+        loader = make_loader(plain, world.dataset(plain=True, run="reference"), workers=0)
     else:
         loader = make_loader(case, world.dataset(plain=True, run="reference"), torch_loader=True)
     expected = epochs(case, loader)
@@ -94,8 +95,14 @@ def _draws_differ(case: Case) -> bool:
     return case.dataset == "killer_always" or not case.in_order or (threads and case.dataset == "images")
 
 
+def _per_sample_draws(case: Case) -> bool:
+    """Whether each sample's draws are a function of (seed, epoch, sample index), whoever makes it: ``seed=``."""
+    return case.order == "seed"
+
+
 def _same(case: Case, got: list[Record], expected: list[Record], keys_only: bool = False) -> bool:
-    if keys_only or _timed_draws(case) or _draws_differ(case):
+    # With per-sample draws each sample is the reference's whole, whatever the workers, the timing, the resume.
+    if not _per_sample_draws(case) and (keys_only or _timed_draws(case) or _draws_differ(case)):
         got, expected = [(key, None) for key, _ in got], [(key, None) for key, _ in expected]
     if case.in_order or case.workers < 2:
         return got == expected

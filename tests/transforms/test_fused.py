@@ -240,3 +240,16 @@ def test_a_batch_names_the_key_of_a_bad_image() -> None:
     blobs = [photo_bytes("jpeg", 90, 70), b"\xff\xd8 not a jpeg"]
     with pytest.raises(DecodeError, match="shard-0/item-1.jpg"):
         transform.decode_batch(blobs, np.zeros((2, 32, 32, 3), np.uint8), lambda slot: f"shard-0/item-{slot}.jpg")
+
+
+def test_a_batchs_crops_are_drawn_from_each_images_generator() -> None:
+    """decode_batch with generators gives each image the crop decode_planned draws from the same generator."""
+    blobs = [photo_bytes("jpeg", 64 + 8 * i, 48 + 4 * i, seed=i) for i in range(3)]
+    transform = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+    out = np.empty((3, 16, 16, 3), dtype=np.uint8)
+    torch.manual_seed(0)
+    transform.decode_batch(blobs, out, str, generators=lambda slot: torch.Generator().manual_seed(100 + slot))
+    for slot, data in enumerate(blobs):
+        torch.manual_seed(1)  # the global generator is not drawn from
+        alone = transform.decode_planned(data, generator=torch.Generator().manual_seed(100 + slot)).pixels
+        assert np.array_equal(out[slot], alone)
