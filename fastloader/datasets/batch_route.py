@@ -38,14 +38,21 @@ def whole_batch(
     rare) and given up at its first failure, torch's random state put back: image by image, the policy then
     handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
     excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
-    state = None if dataset._errors is None else torch.get_rng_state()
+    # The generator the crops draw from without seed=: a thread worker's own, else torch's global one.
+    drawn_from = torch.random.thread_safe_generator()
+    state = None
+    if dataset._errors is not None:
+        state = torch.get_rng_state() if drawn_from is None else drawn_from.get_state()
     try:
         decode_batch(dataset.source, fused, indices, pixels, dataset._decode_threads)
         return [dataset._label(index) for index in indices]
     except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
         if state is None:
             raise
-        torch.set_rng_state(state)
+        if drawn_from is None:
+            torch.set_rng_state(state)
+        else:
+            drawn_from.set_state(state)
         return None
 
 
@@ -70,7 +77,7 @@ def decode_batch(
                 read_digests.record(index, blobs[-1])  # the ledger's digest (off unless ledger=)
         end = start + len(blobs)
         keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
-        generators = _generators(indices, start) if seeded else None
+        generators = _generators(indices, start) if seeded else _thread_generator()
         with timed("decode"):
             fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(threads), generators)
         start = end
@@ -79,3 +86,10 @@ def decode_batch(
 def _generators(indices: Sequence[int], start: int) -> Any:
     """Image ``slot`` of the call starting at ``start``: the generator its sample draws from (seed=)."""
     return lambda slot: sample_seeds.generator(indices[start + slot])
+
+
+def _thread_generator() -> Any:
+    """Without ``seed=``: every image of a thread worker's batch draws from the thread's generator (as a worker
+    process's draw from its global one); None elsewhere (torch's global generator)."""
+    own = torch.random.thread_safe_generator()
+    return None if own is None else (lambda slot: own)

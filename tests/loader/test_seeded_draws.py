@@ -130,3 +130,15 @@ def test_a_resume_at_another_num_workers_gives_the_same_pixels(folder: Path) -> 
     resumed.load_state_dict(state)
     rest = [_plain(batch) for batch in resumed]
     assert _equal([seen + rest], [uninterrupted[1]])
+
+
+@pytest.mark.timeout(240)
+def test_thread_workers_draw_the_crops_process_workers_draw(folder: Path) -> None:
+    # Without seed=: a worker's draws come from its seeds (torch's base_seed + id), in a process from the
+    # global generator, in a thread from the thread's own (thread_safe_generator), never from a shared one.
+    def epochs(method: str) -> list[list[Any]]:
+        torch.manual_seed(5)
+        loader = DataLoaderX(train_folder(folder), batch_size=3, shuffle=True, num_workers=2, worker_method=method)
+        return [[_plain(batch) for batch in loader] for _ in range(2)]
+
+    assert _equal(epochs("thread"), epochs("process"))
