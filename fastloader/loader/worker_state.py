@@ -21,7 +21,8 @@ epoch's first request goes to the worker that would have made the next batch (``
 
 Under a dataset's ``on_error="skip"`` / ``"replace"`` each worker also says, in :class:`FetchMarks` (shared
 memory), which batch it is making right now: a worker killed by a signal names the batch that killed it
-(``fastloader.loader.worker_restart``).
+(``fastloader.loader.worker_restart``); and :class:`WorkerStart` has it write its results into a pipe of its own
+(``fastloader.loader.result_pipes``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from fastloader import DataLoaderX
 from fastloader.datasets.error_policy import ErrorPolicy
-from tests.helpers import pid_alive, run_python, wait_until
+from tests.helpers import blocked_writing, pid_alive, run_python, wait_until
 
 N, BATCH = 32, 2
 PAYLOAD = 256 * 1024  # more than a pipe's 64 KiB: a result nobody reads keeps its worker blocked in the write
@@ -42,19 +42,6 @@ class Heavy(Dataset[tuple[int, bytes]]):
         if torch.utils.data.get_worker_info() is not None:
             (self.pids / str(os.getpid())).touch()
         return index, bytes(PAYLOAD)
-
-
-def blocked_writing(pid: int) -> bool:
-    """Whether a thread of process ``pid`` sleeps in a pipe write (Linux names the wait channel ``pipe_write``
-    or ``anon_pipe_write``; torch's own workers write from their queue's feeder thread)."""
-    try:
-        for thread in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{thread}/wchan", encoding="ascii") as wchan:
-                if "pipe_write" in wchan.read():
-                    return True
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return False
 
 
 def _writer(pids: Path) -> int:

@@ -6,8 +6,8 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle, and a resume at a random batch of a random epoch, loaded
-in a fresh loader with another ``batch_size`` or ``num_workers``.
+epochs cut short), a worker SIGKILLed while idle or while blocked writing its result, and a resume at a random
+batch of a random epoch, loaded in a fresh loader with another ``batch_size`` or ``num_workers``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class Case:
     loop: str  # "plain", "set_epoch", "cut"
     cut: int  # batches per epoch when the loop cuts epochs short
     epochs: int
-    kill_idle: tuple[int, int] | None  # (epoch, batch) after which a worker is SIGKILLed
+    kill: tuple[int, int] | None  # (epoch, batch) after which a worker is SIGKILLed
+    kill_how: str  # "idle" (likely), "writing" (blocked writing a result bigger than a pipe: the loop waits for it)
     resume: tuple[int, int] | None  # (epoch, batch) at which the state is taken
     resume_batch_size: int
     resume_workers: int
@@ -77,9 +78,17 @@ def draw(seed: int) -> Case:
     batches = -(-size // batch_size)
     cut = rng.randint(1, max(1, batches - 1))
     per_epoch = cut if loop == "cut" else batches - 1
-    kill_idle = None
+    kill, kill_how = None, "idle"
     if workers > 0 and dataset in RESTARTS and policy != "raise" and rng.random() < 0.3:
-        kill_idle = (rng.randrange(epochs), rng.randint(0, max(0, per_epoch - 1)))
+        kill = (rng.randrange(epochs), rng.randint(0, max(0, per_epoch - 1)))
+    # Killed writing, drawn from a stream of its own (the other axes keep their draws). A worker blocks writing
+    # only where a result stays unread: after the loop's batch the prefetch thread holds 3 more, torch has sent
+    # up to workers x prefetch_factor (3 at most) tasks past those, and the task it sends after them is never read.
+    share = -(-size // 2) if order == "distributed" else size
+    room = min(per_epoch - 1, share // batch_size - 5 - 3 * workers)
+    apart = random.Random(f"kill writing {seed}")
+    if dataset in ("killer_once", "killer_always") and room >= 0 and apart.random() < 0.7:
+        kill, kill_how = (apart.randrange(epochs), apart.randint(0, room)), "writing"
     resume = None
     if rng.random() < 0.6 and not (loop == "cut" and cut < 2):
         # inside the epoch: a state at the last batch of a cut epoch resumes into the next (Lightning's case)
@@ -110,7 +119,8 @@ def draw(seed: int) -> Case:
         loop=loop,
         cut=cut,
         epochs=epochs,
-        kill_idle=kill_idle,
+        kill=kill,
+        kill_how=kill_how,
         resume=resume,
         resume_batch_size=resume_batch_size,
         resume_workers=resume_workers,
