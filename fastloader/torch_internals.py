@@ -36,7 +36,9 @@ The iterator (``_BaseDataLoaderIter`` and ``_MultiProcessingDataLoaderIter``):
 * restarting a dead worker (``fastloader.loader.worker_restart``, through :class:`WorkerSet`): the iterator's
   ``_try_get_data(timeout)`` (where torch notices a dead worker) and ``_next_index()`` (each batch of indices
   before it is sent) are overridden; ``_workers``, ``_index_queues`` (one per worker, replaced for a new
-  worker), ``_worker_result_queue`` (a marker is put into it), ``_data_queue``, ``_task_info`` (a task is
+  worker), ``_worker_result_queue`` (its ``get``, ``put``, ``qsize`` and ``close`` are replaced: the workers'
+  pipes are read instead; torch's pin-memory thread calls its ``get``, torch puts into it to wake that thread
+  and closes it at shutdown), ``_data_queue``, ``_task_info`` (a task is
   outstanding while its entry holds the worker id alone), ``_worker_init_fn``, ``_base_seed``,
   ``_shared_seed``, ``_dataset_kind``, ``_dataset``, ``_auto_collation``, ``_collate_fn``, ``_drop_last``,
   ``_persistent_workers``, ``_workers_done_event``, ``_shutdown``; a worker process is started as torch's
@@ -53,9 +55,8 @@ The worker processes (``torch.utils.data._utils.worker``):
 * ``_DatasetKind.create_fetcher``: torch's worker loop makes its fetcher with it after ``worker_init_fn``;
   a DataLoaderX worker installs a factory that wraps it (:func:`torch_fetcher_factory`,
   :func:`install_fetcher_factory`);
-* ``_worker_loop``'s local ``data_queue`` (its result queue, a ``multiprocessing.Queue``: ``_sem``, ``_wlock``,
-  ``_send_bytes``): a worker that may be restarted writes its results in its own thread
-  (:func:`write_results_synchronously`);
+* ``_worker_loop``'s local ``data_queue`` (its result queue, a ``multiprocessing.Queue``, of which it calls
+  ``put``): a worker that may be restarted writes its results into a pipe of its own (:func:`send_results_with`);
 * ``_worker_info`` (a frozen dataclass): a resumed worker's seed is set where ``get_worker_info()`` reads it,
   and ``_generate_state``: how the worker loop seeds numpy (:func:`set_worker_seed`, :func:`numpy_seed`).
 
@@ -89,12 +90,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import queue
 import random
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 from typing import Any, Protocol, cast
 
@@ -139,6 +138,7 @@ __all__ = [
     "profiler_enabled",
     "resume_message",
     "set_thread_worker",
+    "send_results_with",
     "set_worker_seed",
     "shared_storage",
     "drop_storage_ref",
@@ -150,7 +150,6 @@ __all__ = [
     "thread_worker_info",
     "thread_worker_parts",
     "torch_fetcher_factory",
-    "write_results_synchronously",
     "worker_processes",
 ]
 
@@ -406,9 +405,20 @@ class WorkerSet:
 
         results.get = guarded_get  # type: ignore[method-assign]  # the instance's: torch's pin-memory thread looks it up at each call
 
-    def send_marker(self, marker: Any) -> None:
-        """Put ``(marker, None)`` behind every result written so far (through the pin-memory thread too)."""
-        self._it._worker_result_queue.put((marker, None))
+    def read_results_from(self, reader: Any) -> None:
+        """The workers' results are ``reader``'s (its ``get``, ``put``, ``qsize``, ``close``): it takes the place of
+        the result queue where it is read (this process, torch's pin-memory thread) and written (torch's wake-up
+        of that thread at shutdown)."""
+        results = self._it._worker_result_queue
+        close = results.close
+
+        def closed() -> None:
+            reader.close()
+            close()
+
+        # The instance's: torch's pin-memory thread looks get up at each call.
+        results.get, results.put, results.qsize = reader.get, reader.put, reader.qsize  # type: ignore[method-assign]
+        results.close = closed  # type: ignore[method-assign]
 
     def new_queue(self) -> Any:
         index_queue = self._it._mp_context.Queue()
@@ -478,26 +488,16 @@ def install_fetcher_factory(factory: FetcherFactory) -> None:
     _DatasetKind.create_fetcher = staticmethod(factory)  # type: ignore[method-assign]
 
 
-def write_results_synchronously() -> None:
-    """In a worker process, from its ``worker_init_fn``: its results are written to the result pipe by the thread
-    that made them, before it goes on, not by the queue's feeder thread while the next batch is made. A worker
-    that crashes making a batch then never dies in the middle of a write, holding the pipe's lock that every
-    worker and the loader's process write under (nothing could be written to the pipe any more)."""
+def send_results_with(put: Callable[..., None]) -> None:
+    """In a worker process, from its ``worker_init_fn``: torch's worker loop hands each result (and its answer to
+    torch's reset) to ``put`` in place of its result queue's ``put`` (which a feeder thread writes, under the
+    lock every worker shares)."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code is not _worker._worker_loop.__code__:
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:
-        raise RuntimeError("write_results_synchronously runs inside torch's worker loop only")
-    results = frame.f_locals["data_queue"]
-
-    def put(obj: Any, block: bool = True, timeout: float | None = None) -> None:
-        if not results._sem.acquire(block, timeout):  # released by the reader's get()
-            raise queue.Full
-        data = ForkingPickler.dumps(obj)
-        with results._wlock:
-            results._send_bytes(data)
-
-    results.put = put
+        raise RuntimeError("send_results_with runs inside torch's worker loop only")
+    frame.f_locals["data_queue"].put = put
 
 
 def set_worker_seed(seed: int) -> None:

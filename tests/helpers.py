@@ -76,6 +76,19 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def blocked_writing(pid: int) -> bool:
+    """Whether a thread of process ``pid`` sleeps in a pipe write (Linux names the wait channel ``pipe_write``
+    or ``anon_pipe_write``; torch's own workers write from their queue's feeder thread)."""
+    try:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/wchan", encoding="ascii") as wchan:
+                if "pipe_write" in wchan.read():
+                    return True
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return False
+
+
 def tail(text: str | bytes | None, chars: int = OUTPUT_TAIL_CHARS) -> str:
     """The last ``chars`` characters of a child's output (bytes decoded), marked where cut."""
     if isinstance(text, bytes):

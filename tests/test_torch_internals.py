@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import inspect
 import multiprocessing
+import queue
 import time
 import warnings
 from collections.abc import Iterator
@@ -336,6 +337,67 @@ class Recorded:
         return index
 
 
+class Results:
+    """A result queue's stand-in: what the worker's ``put`` gets goes into a real pipe, read by ``get``."""
+
+    def __init__(self) -> None:
+        self.reader, self.writer = multiprocessing.Pipe(duplex=False)
+        self.woken: list[Any] = []
+        self.closed = False
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        if torch.utils.data.get_worker_info() is None:
+            self.woken.append(obj)  # torch, in the loader's process
+        else:
+            self.writer.send(("piped", obj))
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if not self.reader.poll(timeout):
+            raise queue.Empty
+        tag, obj = self.reader.recv()
+        assert tag == "piped"
+        return obj
+
+    def qsize(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class PipedResults(DataLoader[int]):
+    """torch's loader whose worker hands its results to ``Results.put`` (send_results_with, in worker_init_fn),
+    read by the iterator through ``Results.get`` (read_results_from)."""
+
+    def __init__(self, results: Results) -> None:
+        self.results = results
+        super().__init__(Numbers(), batch_size=2, num_workers=1, persistent_workers=True, worker_init_fn=self.start)
+
+    def start(self, worker_id: int) -> None:
+        internals.send_results_with(self.results.put)
+
+    def _get_iterator(self) -> Any:
+        def recovery(workers: internals.WorkerSet) -> Recorded:
+            workers.read_results_from(self.results)
+            return Recorded(workers)
+
+        return internals.MultiProcessIterStartingAt(self, lambda: 0, recovery=recovery)
+
+
+def test_a_worker_loop_hands_its_results_to_the_put_it_is_given_and_the_iterator_reads_them_where_it_is_told() -> None:
+    """What fastloader.loader.result_pipes relies on: torch's worker loop calls its result queue's ``put`` (the
+    local ``data_queue``) for each result and for its answer to torch's reset; the iterator reads the results
+    through its result queue's ``get``, puts into it to wake the pin-memory thread and closes it at shutdown."""
+    results = Results()
+    loader = PipedResults(results)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # the reset answered so too
+    iterator = internals.persistent_iterator(loader)
+    assert internals.batches_in_workers(iterator) == 0  # the stand-in's qsize
+    internals.drop_persistent_iterator(loader)
+    assert not results.woken  # no pin-memory thread to wake
+
+
 class WithRecovery(DataLoader[int]):
     def __init__(self) -> None:
         super().__init__(Numbers(), batch_size=2, num_workers=1, persistent_workers=True)
@@ -347,8 +409,8 @@ class WithRecovery(DataLoader[int]):
 def test_a_dead_worker_can_be_replaced_through_the_worker_set() -> None:
     """What fastloader.loader.worker_restart uses: torch's SIGCHLD handler no longer watches the workers (a
     SIGKILL raises nothing here), a worker started in place of the dead one answers tasks put into a new
-    queue, a marker put into the result queue comes out behind the results, torch's reset message comes back
-    tagged, and each batch of indices passes through the recovery before it is sent."""
+    queue, torch's reset message comes back tagged, and each batch of indices passes through the recovery
+    before it is sent."""
     Recorded.made.clear()
     loader = WithRecovery()
     iterator = iter(loader)
@@ -358,26 +420,23 @@ def test_a_dead_worker_can_be_replaced_through_the_worker_set() -> None:
     assert recorded.filtered_indices[:2] == [[0, 1], [2, 3]]
     assert not iterator._worker_pids_set  # torch's SIGCHLD handler would end the run for a dead worker
     [process] = workers.processes
+    # Its two results written and read: killed idle (torch's feeder thread, killed mid-write, would keep the
+    # result queue's lock, and no worker could write any more: what fastloader.loader.result_pipes is for).
+    assert sorted(workers.receive(_DEADLINE_S)[0] for _ in range(2)) == [1, 2]
     process.kill()
     process.join(_DEADLINE_S)  # the SIGCHLD handler ran before join returned (it raises nothing now)
     assert not process.is_alive() and process.exitcode == -9
     worker_loop = torch.utils.data._utils.worker._worker_loop
     assert inspect.signature(worker_loop).parameters.keys() >= {"init_fn", "data_queue"}  # the result queue
-    assert {"_sem", "_wlock", "_send_bytes"} <= set(vars(torch.multiprocessing.Queue()))  # written to directly
     assert workers.outstanding(1) and not workers.outstanding(0)
     new = workers.new_queue()
     workers.set_index_queue(0, new)
     replacement = workers.start(0, new, workers.init_fn)
     assert workers.processes == [replacement] and replacement.is_alive()
-    workers.guard_results(lambda error: "unreadable")  # the dead worker's batch: its tensors went with it
-    workers.send_marker("marker")
-    ahead = []
-    while not ahead or ahead[-1] != "marker":
-        ahead.append(workers.receive(_DEADLINE_S)[0])
-    assert set(ahead[:-1]) <= {1, "unreadable"}  # the dead worker's last result, if it was written at all
-    new.put((1, [2, 3]))  # the lost task, sent again
+    workers.guard_results(lambda error: "unreadable")  # a dead worker's batch: its tensors went with it
+    new.put((1, [6, 7]))  # the lost task, sent again (other samples, to tell it apart)
     task, data = workers.receive(_DEADLINE_S)
-    assert task == 1 and data.tolist() == [2, 3]
+    assert task == 1 and data.tolist() == [6, 7]
     tagged = internals.TaggedResume(7, worker=0)
     assert internals.resume_message(tagged) and not internals.resume_message((0, [1]))
     new.put(tagged)

@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset
 from fastloader.loader.batch_slots import ring_dispatch
 from fastloader.loader.dataset_protocols import stateful
 from fastloader.loader.epoch_progress import EpochIndices, Progress
+from fastloader.loader.result_pipes import result_pipe
 from fastloader.loader.stage_clock import TimedCollate
 from fastloader.loader.watchdog import StackDumpInit
 from fastloader.loader.worker_restart import WorkerRestarts, restart_policy
@@ -68,6 +69,8 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     handle = ring.ring.handle() if ring is not None and workers else None
     policy = restart_policy(loader) if not threads else None  # dead workers restarted (worker_restart.py)
     marks = FetchMarks(loader.num_workers) if policy is not None else None
+    # each worker's result pipe (fastloader.loader.result_pipes): made before the workers start, they inherit them
+    pipes = [result_pipe() for _ in range(loader.num_workers)] if policy is not None and workers else []
     overrides: dict[str, Any] = {"multiprocessing_context": ThreadBackend()} if threads else {}
     if progress.base_draw_aside:  # the loader's generator is at the sampler's draw (ResumeCursor.begin)
         overrides["generator"] = torch.Generator()
@@ -75,7 +78,13 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         loader,
         EpochIndices(cursor, index_sampler(loader), in_workers=workers, ring=ring),
         collate_fn=TimedCollate(loader.collate_fn) if loader._plan.stage_clock else loader.collate_fn,
-        worker_init_fn=WorkerStart(WorkerPlan(plan.base_seed, plan.workers), init_fn, handle, marks)
+        worker_init_fn=WorkerStart(
+            WorkerPlan(plan.base_seed, plan.workers),
+            init_fn,
+            handle,
+            marks,
+            {worker: writer for worker, (_reader, writer) in enumerate(pipes)} if pipes else None,
+        )
         if workers
         else init_fn,
         **overrides,
@@ -85,7 +94,10 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
         recovery = None
         if policy is not None and marks is not None:
-            recovery = functools.partial(WorkerRestarts, policy=policy, dataset=loader.dataset, marks=marks)
+            readers = [reader for reader, _writer in pipes]
+            recovery = functools.partial(
+                WorkerRestarts, policy=policy, dataset=loader.dataset, marks=marks, readers=readers
+            )
         return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring, recovery=recovery)
     return _single_process(loader, view, progress)
 

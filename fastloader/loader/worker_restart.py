@@ -13,21 +13,24 @@ The protocol, all of it in the loader's process (the workers only mark what they
    before the fetch and clears it right after (``worker_state.FetchMarks``). Every index queue is wrapped
    (:class:`_HeldQueue`) to keep each task torch sends (torch keeps only its worker), until its result
    arrives. torch's SIGCHLD handler, which would end the run in the main thread, no longer watches these
-   workers. A worker writes each result in the thread that made it, before its next fetch
-   (``torch_internals.write_results_synchronously``): a crash in a fetch never comes while the result pipe's
-   write lock, which every worker and this process write under, is held by a feeder thread.
+   workers. Each worker writes its results, in the thread that made them, into a pipe of its own
+   (``fastloader.loader.result_pipes``, in place of torch's one queue under a lock every worker shares): a worker
+   killed while it writes (the OOM killer's usual victim, blocked there whenever training is slower than
+   loading) holds up no other worker, and a result is handed on only once its whole message is read.
 2. *Death.* Each wait for a result looks at every worker (``is_alive``: ``waitpid``, no timing involved) and
-   polls the result queue at most :data:`_POLL_S` at a time. A dead worker's mark names the batch that killed
-   it (its kill count goes up), or nothing (it died between batches: more than :data:`_UNEXPLAINED` in an epoch
-   and the run ends as torch's would). Its index queue is now *held*: what torch sends it waits in the loader.
-3. *Drain.* A marker goes into the result queue behind everything written so far: once the worker is dead,
-   every result it wrote is ahead of the marker (one pipe, first in first out; the pin-memory thread passes
-   it on in order). When the marker comes out, each task sent to the dead worker is either received or lost,
-   never both: a lost task is sent again and no result is ever doubled (nor a batch ring slot written twice).
+   polls the results at most :data:`_POLL_S` at a time (a message half written never blocks the wait). A dead
+   worker's mark names the batch that killed it (its kill count goes up), or nothing (it died between batches,
+   or writing a result: more than :data:`_UNEXPLAINED` in an epoch and the run ends as torch's would). Its index
+   queue is now *held*: what torch sends it waits in the loader.
+3. *Drain.* A marker is queued behind the dead worker's pipe: once it is dead nothing more comes into the
+   pipe, so every whole result it wrote comes out ahead of the marker (the pin-memory thread passes them on in
+   order), and a result it did not finish writing is dropped with the pipe, as never received. When the marker
+   comes out, each task sent to the dead worker is either received or lost, never both: a lost task is sent
+   again and no result is ever doubled (nor a batch ring slot written twice).
    A task torch sent after the death is neither: it was held, never seen by the dead worker, and goes to the
    new worker once, with the rest of what was held.
 4. *Restart.* A new index queue (the dead worker may have died holding the old one's lock), the lost tasks
-   first in their order, then what was held; a new process with the same worker id, base seed and
+   first in their order, then what was held; a new result pipe; a new process with the same worker id, base seed and
    ``worker_init_fn``, restoring the state of the last batch the dead worker sent (its random generators, a
    Stateful dataset's state): a batch made again draws what the dead worker would have drawn. A worker that
    died during torch's epoch reset gets that reset again if it had not answered it.
@@ -45,9 +48,9 @@ The protocol, all of it in the loader's process (the workers only mark what they
    are known from the start, in a resumed run too, by key (``known_killers``: never by position alone).
 
 Every other sample is delivered exactly once, in torch's order. A new epoch's reset (persistent workers)
-forgets the books of the last one, as torch does. Not covered: a worker killed from outside (the OOM killer) at
-the moment it writes a result, or holds another lock its peers share (torch's done event), can leave the loader
-waiting (the stall watchdog reports it).
+forgets the books of the last one, as torch does. ``timeout=`` raises torch's error when no whole result comes in
+time. Not covered: a worker killed while it holds another lock its peers share (torch's done event, taken at
+shutdown), or its index queue's lock, mid-read, can leave the loader waiting (the stall watchdog reports it).
 """
 
 from __future__ import annotations
@@ -63,16 +66,19 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, MapDataPipe
 
 from fastloader.errors import TooManyBadSamples
 from fastloader.loader.known_killers import KnownKillers
+from fastloader.loader.result_pipes import ResultReader, result_pipe
 from fastloader.loader.stage_clock import StampedIndices, stamped
 from fastloader.loader.worker_state import IDLE, Delivery, FetchMarks, WorkerStart, WorkerState
 from fastloader.read_digests import SKIPPED
 from fastloader.torch_internals import TaggedResume, WorkerSet, resume_message
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from fastloader.datasets.error_policy import ErrorPolicy
     from fastloader.loader.dataloader import DataLoaderX
 
@@ -91,7 +97,7 @@ def restart_policy(loader: DataLoaderX[Any]) -> ErrorPolicy | None:
     if int(loader.num_workers) <= 0 or loader.batch_sampler is None:
         return None
     dataset = loader.dataset
-    if isinstance(dataset, IterableDataset):
+    if isinstance(dataset, (IterableDataset, MapDataPipe)):  # torch wraps a DataPipe's worker_init_fn
         return None
     policy = getattr(dataset, "error_policy", None)
     return policy if getattr(policy, "mode", None) in ("skip", "replace") else None
@@ -182,7 +188,9 @@ class _HeldQueue:
 class WorkerRestarts:
     """One torch iterator's restarts of its dead workers (the protocol in the module's docstring)."""
 
-    def __init__(self, workers: WorkerSet, policy: ErrorPolicy, dataset: Any, marks: FetchMarks) -> None:
+    def __init__(
+        self, workers: WorkerSet, policy: ErrorPolicy, dataset: Any, marks: FetchMarks, readers: list[Connection]
+    ) -> None:
         self.workers, self.policy, self.marks = workers, policy, marks
         self.dataset = dataset
         self.sent: dict[int, _Sent] = {}  # torch's task number -> what went out, until its result arrives
@@ -200,7 +208,11 @@ class WorkerRestarts:
         self.queues = [_HeldQueue(self, w, workers.index_queue(w)) for w in range(len(workers.processes))]
         for worker, held in enumerate(self.queues):
             workers.set_index_queue(worker, held)
+        self.results = ResultReader(readers)
+        workers.read_results_from(self.results)
         workers.guard_results(_Unreadable)
+        for writer in (_start_of(workers).results or {}).values():
+            writer.close()  # the workers have theirs: this process only reads
 
     # --- what torch's iterator calls -------------------------------------------------------------------
 
@@ -315,7 +327,7 @@ class WorkerRestarts:
         self.queues[worker].hold()
         token = next(self._tokens)
         self.deaths[token] = _Death(worker, process.pid, how, making)
-        self.workers.send_marker(_Drained(token))
+        self.results.drain(worker, (_Drained(token), None))
 
     def _drained(self, death: _Death) -> None:
         """Every result the dead worker wrote has been received: send the rest again, to a new worker."""
@@ -345,10 +357,11 @@ class WorkerRestarts:
         held.release(new, first)
         old.cancel_join_thread()
         old.close()
-        init = self.workers.init_fn
-        if isinstance(init, WorkerStart):
-            init = init.restarted(worker, self.states.get(worker))
+        reader, writer = result_pipe()
+        self.results.replace(worker, reader)
+        init = _start_of(self.workers).restarted(worker, self.states.get(worker), writer)
         process = self.workers.start(worker, new, init)
+        writer.close()  # the new worker has it
         log.info("DataLoader worker %d restarted (pid %s, was %s)", worker, process.pid, death.pid)
 
     # --- the hunt for the sample -------------------------------------------------------------------------
@@ -434,6 +447,13 @@ class WorkerRestarts:
             if candidate not in self.killers:
                 return candidate
         raise TooManyBadSamples(f"sample {sample} and the samples after it all kill DataLoader workers")
+
+
+def _start_of(workers: WorkerSet) -> WorkerStart:
+    init = workers.init_fn
+    if not isinstance(init, WorkerStart):  # a MapDataPipe's is wrapped by torch: restart_policy leaves those out
+        raise RuntimeError(f"the workers of a DataLoaderX that restarts them start with WorkerStart, not {init!r}")
+    return init
 
 
 def _is_task(item: Any) -> bool:

@@ -21,7 +21,8 @@ epoch's first request goes to the worker that would have made the next batch (``
 
 Under a dataset's ``on_error="skip"`` / ``"replace"`` each worker also says, in :class:`FetchMarks` (shared
 memory), which batch it is making right now: a worker killed by a signal names the batch that killed it
-(``fastloader.loader.worker_restart``).
+(``fastloader.loader.worker_restart``); and :class:`WorkerStart` has it write its results into a pipe of its own
+(``fastloader.loader.result_pipes``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -42,15 +44,16 @@ from fastloader.image import ring_fork
 from fastloader.image.batch_ring import RingHandle, SlotRef, arrived, attach, end_fetch
 from fastloader.loader import rng_states
 from fastloader.loader.dataset_protocols import stateful
+from fastloader.loader.result_pipes import ResultWriter
 from fastloader.loader.rng_states import RngState
 from fastloader.loader.stage_clock import TimedBatch
 from fastloader.timing import tally
 from fastloader.torch_internals import (
     install_fetcher_factory,
     numpy_seed,
+    send_results_with,
     set_worker_seed,
     torch_fetcher_factory,
-    write_results_synchronously,
 )
 
 log = logging.getLogger("fastloader")
@@ -290,8 +293,9 @@ class _Agent:
 
 class WorkerStart:
     """The worker_init_fn torch's workers get: the seeds of a resumed worker, the stateful fetcher, the batch
-    ring's mapping (``ring``: None without one), the fetch marks (``marks``: None unless dead workers are
-    restarted), then ``inner`` (the user's worker_init_fn, or the watchdog's wrapper of it)."""
+    ring's mapping (``ring``: None without one), the fetch marks and each worker's result pipe (``marks``,
+    ``results``: the write end by worker id; None unless dead workers are restarted), then ``inner`` (the
+    user's worker_init_fn, or the watchdog's wrapper of it)."""
 
     def __init__(
         self,
@@ -299,21 +303,29 @@ class WorkerStart:
         inner: Callable[[int], None] | None,
         ring: RingHandle | None = None,
         marks: FetchMarks | None = None,
+        results: Mapping[int, Connection] | None = None,
     ) -> None:
         self.plan = plan
         self.inner = inner
         self.ring = ring
         self.marks = marks
+        self.results = results
 
-    def restarted(self, worker: int, state: WorkerState | None) -> WorkerStart:
+    def restarted(self, worker: int, state: WorkerState | None, results: Connection | None) -> WorkerStart:
         """The init function of a worker started in place of a dead worker ``worker``: it restores ``state``
-        (the dead worker's last batch's), else what the dead one restored."""
+        (the dead worker's last batch's), else what the dead one restored; it writes into ``results``."""
         workers = dict(self.plan.workers)
         if state is not None:
             workers[worker] = state
-        return WorkerStart(WorkerPlan(self.plan.base_seed, workers), self.inner, self.ring, self.marks)
+        pipes = {worker: results} if results is not None else None
+        return WorkerStart(WorkerPlan(self.plan.base_seed, workers), self.inner, self.ring, self.marks, pipes)
 
     def __call__(self, worker_id: int) -> None:
+        if self.results is not None:  # first: any result, an error in what follows too, goes through it
+            for worker, writer in self.results.items():
+                if worker != worker_id:
+                    writer.close()  # (inherited from the loader's process) the other workers' pipes
+            send_results_with(ResultWriter(self.results[worker_id]).put)
         info = get_worker_info()
         if info is None:
             raise RuntimeError("WorkerStart runs in DataLoader workers only")
@@ -339,7 +351,6 @@ class WorkerStart:
         if self.marks is not None:
             global _MARKS
             _MARKS = self.marks
-            write_results_synchronously()  # a crash in a fetch then never holds the result pipe's lock
         if self.inner is not None:
             self.inner(worker_id)
 

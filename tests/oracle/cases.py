@@ -6,12 +6,12 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle, a resume at a random batch of a random epoch, loaded
-in a fresh loader with another ``batch_size`` or ``num_workers``, or on another number of ranks (``ranks`` →
-``resume_ranks``: simulated ranks in one process, each its own loader over the split of its rank), and
-``worker_method`` ("process" or "thread", for the run and, independently, for the resumed loader: a state
-moves between the modes). Thread workers are not drawn with a sample or a signal that kills a worker: that
-would kill the test's process.
+epochs cut short), a worker SIGKILLed while idle or while blocked writing its result, a resume at a random
+batch of a random epoch, loaded in a fresh loader with another ``batch_size`` or ``num_workers``, or on another
+number of ranks (``ranks`` → ``resume_ranks``: simulated ranks in one process, each its own loader over the
+split of its rank), and ``worker_method`` ("process" or "thread", for the run and, independently, for the
+resumed loader: a state moves between the modes). Thread workers are not drawn with a sample or a signal that
+kills a worker: that would kill the test's process.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Case:
     loop: str  # "plain", "set_epoch", "cut"
     cut: int  # batches per epoch when the loop cuts epochs short
     epochs: int
-    kill_idle: tuple[int, int] | None  # (epoch, batch) after which a worker is SIGKILLed
+    kill: tuple[int, int] | None  # (epoch, batch) after which a worker is SIGKILLed
+    kill_how: str  # "idle" (likely), "writing" (blocked writing a result bigger than a pipe: the loop waits for it)
     resume: tuple[int, int] | None  # (epoch, batch) at which the state is taken
     resume_batch_size: int
     resume_workers: int
@@ -85,9 +86,17 @@ def draw(seed: int) -> Case:
     batches = -(-size // batch_size)
     cut = rng.randint(1, max(1, batches - 1))
     per_epoch = cut if loop == "cut" else batches - 1
-    kill_idle = None
+    kill, kill_how = None, "idle"
     if workers > 0 and dataset in RESTARTS and policy != "raise" and rng.random() < 0.3:
-        kill_idle = (rng.randrange(epochs), rng.randint(0, max(0, per_epoch - 1)))
+        kill = (rng.randrange(epochs), rng.randint(0, max(0, per_epoch - 1)))
+    # Killed writing, drawn from a stream of its own (the other axes keep their draws). A worker blocks writing
+    # only where a result stays unread: after the loop's batch the prefetch thread holds 3 more, torch has sent
+    # up to workers x prefetch_factor (3 at most) tasks past those, and the task it sends after them is never read.
+    share = -(-size // 2) if order == "distributed" else size
+    room = min(per_epoch - 1, share // batch_size - 5 - 3 * workers)
+    apart = random.Random(f"kill writing {seed}")
+    if dataset in ("killer_once", "killer_always") and room >= 0 and apart.random() < 0.7:
+        kill, kill_how = (apart.randrange(epochs), apart.randint(0, room)), "writing"
     resume = None
     if rng.random() < 0.6 and not (loop == "cut" and cut < 2):
         # inside the epoch: a state at the last batch of a cut epoch resumes into the next (Lightning's case)
@@ -109,7 +118,7 @@ def draw(seed: int) -> Case:
         resume_ranks = rng.randint(1, 3) if rng.random() < 0.6 else ranks
         resume_batch_size = batch_size
     # Drawn last: the axes above draw what they drew before this one existed.
-    killers = dataset in ("killer_once", "killer_always") or kill_idle is not None
+    killers = dataset in ("killer_once", "killer_always") or kill is not None
     worker_method = "thread" if workers > 0 and not killers and rng.random() < 0.4 else "process"
     resume_worker_method = "thread" if resume_workers > 0 and not killers and rng.random() < 0.4 else "process"
     return Case(
@@ -129,7 +138,8 @@ def draw(seed: int) -> Case:
         loop=loop,
         cut=cut,
         epochs=epochs,
-        kill_idle=kill_idle,
+        kill=kill,
+        kill_how=kill_how,
         resume=resume,
         resume_batch_size=resume_batch_size,
         resume_workers=resume_workers,

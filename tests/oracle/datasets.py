@@ -53,24 +53,27 @@ class Indexed(Dataset[tuple[int, float]]):
 class Killing(Indexed):
     """Indexed, whose sample ``at`` SIGKILLs its worker: the first time only (``flag``, a file made right
     before the kill), or every time (``flag`` None: it is quarantined). Keeps an error policy as fastloader's
-    datasets do (worker restarts need ``skip`` or ``replace``)."""
+    datasets do (worker restarts need ``skip`` or ``replace``). With ``payload``, each sample made in a worker
+    carries that many bytes more (a result bigger than a pipe: its worker blocks writing it until it is read)."""
 
-    def __init__(self, size: int, at: int, flag: Path | None, mode: str, quarantine: Path) -> None:
+    def __init__(self, size: int, at: int, flag: Path | None, mode: str, quarantine: Path, payload: int = 0) -> None:
         super().__init__(size)
-        self.at, self.flag = at, flag
+        self.at, self.flag, self.payload = at, flag, payload
         self.error_policy = ErrorPolicy(mode, size, quarantine=quarantine)
 
     def key(self, index: int) -> str:
         return f"sample-{index}"
 
-    def __getitem__(self, index: int) -> tuple[int, float]:
-        if int(index) == self.at and get_worker_info() is not None:
+    def __getitem__(self, index: int) -> Any:
+        in_worker = get_worker_info() is not None
+        if int(index) == self.at and in_worker:
             if self.flag is None:
                 os.kill(os.getpid(), signal.SIGKILL)
             elif not self.flag.exists():
                 self.flag.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
-        return super().__getitem__(index)
+        sample = super().__getitem__(index)
+        return (*sample, bytes(self.payload)) if self.payload and in_worker else sample
 
 
 class Stream(IterableDataset[tuple[int, float]]):

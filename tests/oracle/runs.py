@@ -23,6 +23,7 @@ from fastloader import DataLoaderX
 from fastloader.datasets import ImageFolder
 from fastloader.samplers import DistributedSampler as SplitSampler
 from fastloader.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
+from tests.helpers import blocked_writing, pid_alive, wait_until
 from tests.images import image_bytes
 from tests.oracle.cases import Case
 from tests.oracle.datasets import BatchesOf, Indexed, Killing, NumpyOrder, StatefulStream, Stream
@@ -31,6 +32,8 @@ Record = tuple[Any, Any]
 SEED = 1234  # torch's global seed before each loader is made (the interrupted run's too)
 OTHER_SEED = 99  # the "new process" a resumed loader is made in
 KILLER_AT = 5
+PAYLOAD = 256 * 1024  # a sample's extra bytes where a worker is killed writing: more than a pipe holds
+KILL_WAIT_S = 60.0  # guard: how long the hook waits for a worker to block writing, then to be dead
 
 
 class World:
@@ -67,7 +70,8 @@ class World:
             return folder
         flag = self.folder / f"{run}.killed" if case.dataset == "killer_once" else None
         policy = case.policy if case.dataset == "killer_once" else "skip"
-        return Killing(case.size, KILLER_AT, flag, policy, self.folder / f"{run}.quarantine.tsv")
+        payload = PAYLOAD if case.kill_how == "writing" and case.kill else 0
+        return Killing(case.size, KILLER_AT, flag, policy, self.folder / f"{run}.quarantine.tsv", payload)
 
 
 def loader_args(case: Case, dataset: Any, batch_size: int, workers: int) -> dict[str, Any]:
@@ -137,7 +141,7 @@ def rank_loader(case: Case, dataset: Any, ranks: int, rank: int, workers: int, m
 
 def records(batch: Any, images: bool) -> list[Record]:
     """The samples of one batch, each ``(key, digest)``."""
-    first, second = batch
+    first, second = batch[0], batch[1]  # (a third column: the payload of a worker killed writing)
     if images:  # (pixels N x C x H x W uint8, labels)
         return [(int(label), zlib.crc32(row.contiguous().numpy().tobytes())) for row, label in zip(first, second)]
     return [(int(index), float(value)) for index, value in zip(first, second)]
@@ -190,12 +194,25 @@ def epochs(case: Case, loader: Any, first: int = 0, hook: Hook | None = None, re
 
 
 def kill_a_worker(case: Case) -> Hook:
-    """SIGKILL one of the loader's workers after the batch the case names (the worker is likely idle)."""
+    """SIGKILL one of the loader's workers after the batch the case names: the first (likely idle), or one
+    blocked writing its result (the loop waits until one is), and wait until it is dead."""
 
     def hook(iterator: Any, epoch: int, number: int) -> None:
-        if case.kill_idle == (epoch, number):
-            workers = iterator._source._workers  # torch's iterator under the prefetch thread
-            os.kill(workers[0].pid, signal.SIGKILL)
+        if case.kill != (epoch, number):
+            return
+        workers = iterator._source._workers  # torch's iterator under the prefetch thread
+        pids = [worker.pid for worker in workers]
+        if case.kill_how == "writing":
+            found: list[int] = []
+
+            def one_writing() -> bool:
+                found[:] = [pid for pid in pids if blocked_writing(pid)]
+                return bool(found)
+
+            assert wait_until(one_writing, KILL_WAIT_S), f"no worker blocked writing after batch {number}"
+            pids = found
+        os.kill(pids[0], signal.SIGKILL)
+        assert wait_until(lambda: not pid_alive(pids[0]), KILL_WAIT_S)
 
     return hook
 

@@ -10,7 +10,8 @@ where it is exact (every case but these); otherwise a small specification of the
   ``batch_size`` or ``num_workers`` included;
 * a sample that kills its worker once: torch's run in which nothing dies (the restarted worker makes the batch
   again, with the dead worker's random state); one that kills every time (``on_error="skip"``): torch's run
-  without that sample; a worker SIGKILLed while idle: torch's run;
+  without that sample; a worker SIGKILLed while idle, or while blocked writing its result (a result not
+  delivered whole is made again): torch's run;
 * the decoded cache: torch's run over the same dataset without a cache;
 * ``in_order=False``: the same samples each epoch, in any order;
 * ``worker_method="thread"``: torch's run (process workers), sample for sample, pixels included: a thread
@@ -70,7 +71,7 @@ def reference(case: Case, world: World) -> list[list[Record]]:
     """What an uninterrupted run of ``case`` delivers, per epoch (see the module docstring)."""
     seed_all(SEED)
     if case.order == "seed":  # fastloader's own order: its plainest loader, without workers
-        plain = Case(**{**case.__dict__, "in_order": True, "prefetch": None, "kill_idle": None})
+        plain = Case(**{**case.__dict__, "in_order": True, "prefetch": None, "kill": None})
         loader = make_loader(plain, world.dataset(plain=True, run="reference"), workers=0)
     else:
         loader = make_loader(case, world.dataset(plain=True, run="reference"), torch_loader=True)
@@ -112,7 +113,7 @@ def check_uninterrupted(case: Case, world: World) -> list[list[Record]]:
     expected = reference(case, world)
     seed_all(SEED)
     loader = make_loader(case, world.dataset(run="uninterrupted"))
-    got = epochs(case, loader, hook=kill_a_worker(case) if case.kill_idle else None)
+    got = epochs(case, loader, hook=kill_a_worker(case) if case.kill else None)
     for number, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
         assert _same(case, ours, theirs), f"epoch {number}: {ours} != {theirs}"
     return got
@@ -244,7 +245,8 @@ def test_the_draws_cover_every_axis() -> None:
     assert seen["drop_last"] == {False, True} and seen["cache"] == {False, True} and seen["exact"] == {False, True}
     assert seen["policy"] >= {"raise", "skip", "replace"}
     assert seen["loop"] == {"plain", "set_epoch", "cut"}
-    assert any(case.kill_idle for case in cases) and any(case.resume for case in cases)
+    assert any(case.kill for case in cases) and any(case.resume for case in cases)
+    assert {case.kill_how for case in cases if case.kill} == {"idle", "writing"}
     assert any(case.resume and case.resume_batch_size != case.batch_size for case in cases)
     assert any(case.resume and case.resume_workers != case.workers for case in cases)
     assert any(case.resume and case.resume[0] > 0 for case in cases)
