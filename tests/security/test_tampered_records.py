@@ -13,11 +13,16 @@ import lmdb
 import pytest
 
 from fastloader.cli import main
+from fastloader.datasets.recordio import RecordIOSource
 from fastloader.datasets.tfrecord import TFRecordSource
+from fastloader.errors import FormatError
 from fastloader.formats import lmdb_records as records
+from fastloader.formats import recordio
 from fastloader.formats.index_file import read_index, write_index
 from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, default_index_path
 from fastloader.pack.verify import verify
+from tests.datasets.test_recordio import images as rec_images
+from tests.datasets.test_recordio import write_rec as write_recordio
 from tests.datasets.test_tfrecord import imagenet_example, write_shard
 from tests.images import image_bytes, write_image_folder
 
@@ -72,3 +77,50 @@ def test_an_index_shipped_with_records_swapped_dropped_or_repeated_is_rebuilt(tm
     with pytest.warns(UserWarning, match=rf"rebuilding {default_index_path(path)}: its offsets are not those"):
         reopened = TFRecordSource(path)
     assert [reopened.example(i) for i in range(len(reopened))] == [(b"%04d" % i, i) for i in range(6)]
+
+
+def _swap_lines(idx: str, first: int, second: int) -> None:
+    """Swap the offsets of two lines of an MXNet ``.idx``, keys kept: each still lands on a record."""
+    lines = [line.split("\t") for line in Path(idx).read_text().splitlines()]
+    lines[first][1], lines[second][1] = lines[second][1], lines[first][1]
+    Path(idx).write_text("".join(f"{key}\t{offset}\n" for key, offset in lines))
+
+
+def test_a_recordio_idx_with_two_offsets_swapped_fails_verify_naming_the_key_and_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """im2rec's file (each record's id its key), its .idx shipped with keys 2 and 5 pointing at each other's
+    records: ``verify`` names both keys, a reader refuses them (they would be served as each other, labels
+    included), and the other records read as they are."""
+    data = rec_images(8)
+    rec, idx = write_recordio(
+        tmp_path / "train", [(k, recordio.pack(recordio.single_label(k, k), data[k])) for k in range(8)]
+    )
+    assert verify(rec).ok and verify(rec).format == "recordio"
+    offsets = {int(line.split("\t")[0]): int(line.split("\t")[1]) for line in Path(idx).read_text().splitlines()}
+    _swap_lines(idx, 2, 5)
+    assert main(["verify", rec, "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert f"{idx}: key 2: the index points at offset {offsets[5]}, the record of key 5; its record starts at" in out
+    assert f"{idx}: key 5: the index points at offset {offsets[2]}, the record of key 2" in out
+    source = RecordIOSource(rec)
+    for position in (2, 5):
+        with pytest.raises(FormatError, match=rf"train\.rec: record {position} .*has id {7 - position}, not its key"):
+            source.read(position)
+        with pytest.raises(FormatError, match=rf"record {position} .*not its key {position}"):
+            source.label(position)
+    assert [source.read(k) for k in (0, 1, 3, 4, 6, 7)] == [data[k] for k in (0, 1, 3, 4, 6, 7)]
+
+
+def test_a_recordio_file_whose_ids_are_not_keys_warns_that_its_index_cannot_be_checked(tmp_path: Path) -> None:
+    """Records written with id 0 (not by im2rec): a reader serves the index as it is, after a warning naming
+    the file; ``verify`` says it cannot vouch for the index."""
+    data = rec_images(4)
+    rec, idx = write_recordio(
+        tmp_path / "plain", [(k, recordio.pack(recordio.single_label(k, 0), data[k])) for k in range(4)]
+    )
+    with pytest.warns(UserWarning, match=rf"{idx}: the records of .*plain\.rec do not carry their keys as ids"):
+        source = RecordIOSource(rec)
+    assert [source.read(k) for k in range(4)] == data
+    report = verify(rec)
+    assert not report.ok and "cannot vouch that the index leads each key to its record" in report.problems[0]
