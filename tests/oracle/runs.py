@@ -31,6 +31,7 @@ Record = tuple[Any, Any]
 SEED = 1234  # torch's global seed before each loader is made (the interrupted run's too)
 OTHER_SEED = 99  # the "new process" a resumed loader is made in
 KILLER_AT = 5
+LINK_LABEL = 3  # the class of the link out of the root (alone in it): its records are known by their label
 
 
 class World:
@@ -46,9 +47,16 @@ class World:
                 path.write_bytes(image_bytes(index, seed=case.seed))
             if case.policy != "raise":
                 (self.images / "class_0" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+            if case.outside_link:  # a dataset's link to an image elsewhere on the machine
+                secret = folder / "outside" / "secret.jpg"
+                secret.parent.mkdir()
+                secret.write_bytes(image_bytes(case.size, seed=case.seed))
+                self.link = self.images / f"class_{LINK_LABEL}" / "link.jpg"
+                self.link.parent.mkdir()
+                self.link.symlink_to(secret)
 
     def dataset(self, plain: bool = False, run: str = "run") -> Any:
-        """The case's dataset; ``plain``: the reference's (no kill, no cache)."""
+        """The case's dataset; ``plain``: the reference's (no kill, no cache, not confined: torchvision's reads)."""
         case = self.case
         if case.dataset == "map" or (plain and case.dataset in ("killer_once", "killer_always")):
             return Indexed(case.size)
@@ -60,7 +68,9 @@ class World:
             # The decoded cache holds a fixed transform's pixels: the eval pipeline then, the train one otherwise.
             steps = [Resize(28), CenterCrop(24)] if case.cache else [RandomResizedCrop(24), RandomHorizontalFlip()]
             transform = Compose(steps, exact_decode=case.exact)
-            folder = ImageFolder(self.images, transform=transform, index_path=self.folder / "index")
+            confine = case.confine and not plain
+            index_path = self.folder / ("index-confined" if confine else "index")
+            folder = ImageFolder(self.images, transform=transform, index_path=index_path, confine=confine)
             folder.set_error_policy(case.policy)
             if case.cache and not plain:
                 folder.set_cache(self.folder / "cache" / "decoded")

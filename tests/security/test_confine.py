@@ -9,12 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from fastloader import DataLoaderX
 from fastloader.cli import main
 from fastloader.datasets import ParquetDataset
 from fastloader.datasets.folder import FileListDataset, FileListSource, FolderSource, ImageFolder
 from fastloader.errors import OutsideRoot
 from fastloader.pack.engine import pack
 from fastloader.pack.scan import scan
+from fastloader.transforms import CenterCrop, Compose, Resize
 from tests.datasets.test_parquet_by_path import HF_IMAGE
 from tests.images import distinct_photo, image_bytes, pack_contents
 
@@ -194,3 +196,18 @@ def test_confine_refuses_image_paths_that_lead_outside_the_root(tmp_path: Path) 
     report = scan(str(parquet), root=str(root), confine=True, workers=0, progress=False, report=tmp_path / "bad.tsv")
     assert [bad.position for bad in report.bad] == [1, 2, 3]
     assert all("points outside the root" in bad.reason for bad in report.bad)
+
+
+@pytest.mark.parametrize("policy", ["skip", "replace"])
+def test_a_confined_folder_with_a_link_out_takes_the_decoded_cache_and_its_policy_drops_the_link(
+    tmp_path: Path, policy: str
+) -> None:
+    """The decoded cache reads a few spread samples to fingerprint its source: one confine refuses is the error
+    policy's when it is read as an item, not a failure of set_cache (a link out, found by the fuzz oracle)."""
+    root, _ = make_tree(tmp_path)
+    dataset = ImageFolder(root, transform=Compose([Resize(16), CenterCrop(16)]), confine=True)
+    dataset.set_error_policy(policy, quarantine=tmp_path / "quarantine.tsv")
+    dataset.set_cache(tmp_path / "cache")
+    labels = [int(label) for _, labels in DataLoaderX(dataset, batch_size=4) for label in labels]
+    # a/ is 0, b/ 1; replaced: a/leak.jpg by b/plain.jpg, c/x.jpg by a/inside.jpg (the next good sample)
+    assert sorted(labels) == ([0, 1] if policy == "skip" else [0, 0, 1, 1])
