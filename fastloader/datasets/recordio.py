@@ -23,11 +23,19 @@ has no fields.
 The ``.idx`` (or the scan) is turned once into a memory-mapped index beside the ``.rec`` (or in the
 cache directory): item keys, offsets, and the bytes each record spans, so that a read is one
 ``pread``. It is rebuilt when the ``.rec`` or ``.idx`` changes.
+
+An index is the data's word for where each record lies, and an offset swapped with another's still lands on
+a record. ``im2rec`` writes each record's key as its header's ``id``: when the records probed while building
+the index (up to ``_PROBES``, spread over it) mostly carry their keys, every read checks that the record it
+reached is its key's and refuses another (a FormatError naming the file, the key and the id found). A file
+whose records do not carry their keys cannot be checked so: a warning names it once, when opened.
+``fastloader verify FILE.rec`` checks every entry of the index against a walk of the whole file.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -37,7 +45,7 @@ import numpy as np
 
 from fastloader.datasets.base import ImageDataset, check_index
 from fastloader.datasets.handles import ProcessLocal
-from fastloader.errors import FormatError, MissingField
+from fastloader.errors import FormatError, MissingField, printable
 from fastloader.fields.specs import Spec
 from fastloader.formats.index_file import IndexFile, cached_index, read_index, require_array, write_index
 from fastloader.formats.recordio import (
@@ -47,6 +55,7 @@ from fastloader.formats.recordio import (
     read_head,
     read_idx_file,
     read_record,
+    record_id,
     scan_offsets,
     unpack_header,
 )
@@ -57,6 +66,7 @@ INDEX_KIND = "recordio"
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".flindex"
 PLAIN, INSIGHTFACE = "plain", "insightface"
+IDS_ARE_KEYS, IDS_OTHER = "keys", "other"  # whether the records' header ids are their keys (im2rec's files)
 LABELS_FIELD = "labels"
 _PROBES = 64  # item headers read to tell whether a file holds multi-label records
 
@@ -98,6 +108,8 @@ def _fresh_index(index_path: str, rec_path: str, idx_path: str | None) -> IndexF
         require_array(index, "spans", np.int64, count)
         if index.meta.get("layout") not in (PLAIN, INSIGHTFACE):
             raise FormatError(f"{index_path}: unknown layout {index.meta.get('layout')!r}")
+        if index.meta.get("ids") not in (IDS_ARE_KEYS, IDS_OTHER):  # written before ids were probed
+            return None
     except (FileNotFoundError, FormatError):
         return None
     return index
@@ -120,13 +132,29 @@ def _build_index(
     # A record spans up to the next record's start: read() fetches it in one pread.
     starts = np.unique(offsets)
     spans = np.append(starts, size)[np.searchsorted(starts, offsets, side="right")] - offsets
-    meta: dict[str, Any] = {"layout": PLAIN}
+    meta: dict[str, Any] = {"layout": PLAIN, "ids": _probe_ids(fd, size, rec_path, keys, offsets)}
     header0 = _insightface_header(fd, size, rec_path, keys, offsets, spans)
     if header0 is not None:
         selection = _insightface_items(keys, header0, idx_path or rec_path)
         keys, offsets, spans = keys[selection], offsets[selection], spans[selection]
-        meta = {"layout": INSIGHTFACE, "header0": list(header0.labels)}
+        meta = {**meta, "layout": INSIGHTFACE, "header0": list(header0.labels)}
     return meta, {"keys": keys, "offsets": offsets, "spans": spans}
+
+
+def _probe_ids(fd: int, size: int, rec_path: str, keys: np.ndarray, offsets: np.ndarray) -> str:
+    """IDS_ARE_KEYS when most of the records probed carry their keys as ids (one swapped offset among them
+    must not make the file look unnumbered), else IDS_OTHER. A record that cannot be read is not counted:
+    reading it as an item reports it."""
+    lines = np.unique(np.linspace(0, len(keys) - 1, min(len(keys), _PROBES)).round().astype(np.int64))
+    matched = probed = 0
+    for line in lines:
+        try:
+            found = record_id(fd, int(offsets[line]), size, rec_path)
+        except FormatError:
+            continue
+        probed += 1
+        matched += found == int(keys[line])
+    return IDS_ARE_KEYS if probed and 2 * matched > probed else IDS_OTHER
 
 
 def _insightface_header(
@@ -196,6 +224,15 @@ class RecordIOSource:
             self.idx_path = os.fspath(idx_path)
         index = load_index(self.rec_path, self.idx_path)
         self.layout: str = index.meta["layout"]
+        self.ids_are_keys = index.meta["ids"] == IDS_ARE_KEYS
+        if not self.ids_are_keys and self.idx_path is not None:
+            warnings.warn(
+                f"{printable(self.idx_path)}: the records of {printable(self.rec_path)} do not carry their keys as ids"
+                " (not written by im2rec?): fastloader cannot check that this index's offsets lead to the records it"
+                " names; a .idx you did not make can serve one record under another's key",
+                UserWarning,
+                stacklevel=2,
+            )
         self._length = len(index.arrays["offsets"])
         self._local = ProcessLocal(partial(_OpenRecordIO, self.rec_path, index.path))
         self._kinds: dict[str, str] | None = None
@@ -212,8 +249,20 @@ class RecordIOSource:
         offset, span = int(handle.offsets[index]), int(handle.spans[index])
         payload = read_record(handle.fd, offset, handle.size, self.rec_path, span=span)
         header, image_start = unpack_header(payload, self._where(handle, index))
+        self._check_id(handle, index, header)
         handle.last = (index, header)
         return payload[image_start:]
+
+    def _check_id(self, handle: _OpenRecordIO, index: int, header: IRHeader) -> None:
+        """A record reached under a key whose id is another key's: the index points elsewhere (see the module
+        docstring)."""
+        key = int(handle.keys[index])
+        if self.ids_are_keys and header.id != key:
+            raise FormatError(
+                f"{self._where(handle, index)}: the record there has id {header.id}, not its key {key}: the index"
+                f" {printable(self.idx_path or self.rec_path)} points this key at another record (offsets swapped?);"
+                " delete the index to read the .rec without it, and check it with `fastloader verify`"
+            )
 
     def header(self, index: int) -> IRHeader:
         """The record's :class:`~fastloader.formats.recordio.IRHeader`, read without its image."""
@@ -227,6 +276,7 @@ class RecordIOSource:
         if flag:  # the labels follow the fixed header
             head = read_head(handle.fd, offset, handle.size, self.rec_path, IR_HEADER_SIZE + 4 * flag)
         header, _ = unpack_header(head, where)
+        self._check_id(handle, index, header)
         handle.last = (index, header)
         return header
 

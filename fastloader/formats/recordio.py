@@ -206,6 +206,11 @@ def read_head(source: Readable, offset: int, file_size: int, path: str, size: in
     return read_record(source, offset, file_size, path)[:size]
 
 
+def record_id(source: Readable, offset: int, file_size: int, path: str) -> int:
+    """The ``id`` of the IRHeader of the record at ``offset`` (``im2rec`` writes the record's key there)."""
+    return unpack_header(read_head(source, offset, file_size, path, IR_HEADER_SIZE), path)[0].id
+
+
 def scan_offsets(source: Readable, file_size: int, path: str) -> np.ndarray:
     """The start offset of every record in a ``.rec`` file, in file order (for a ``.rec`` without ``.idx``)."""
     starts = array("q")  # 8 bytes a record, not a Python int each: a scan of 10M records stays small

@@ -35,6 +35,9 @@ field member of every sample must decode as the kind the manifest records (a ``.
 JSON, an ``.npy`` that is not an array), and the shards must hold no member extension the manifest
 does not record.
 
+For an MXNet RecordIO file (``FILE.rec``, not a pack fastloader writes): its index, checked entry by entry
+against a walk of the file (``fastloader.pack.verify_recordio``).
+
 For Parquet files written by ``fastloader pack --format parquet``: every row group must read with its
 page checksums verified, every row must have an image, and every field value must decode as its
 kind. Problems name the file and row, and the sample's key.
@@ -66,7 +69,7 @@ class VerifyReport:
     (an empty pack is whole, but nothing to train on: never a success)."""
 
     path: str
-    format: str  # "lmdb", "tar" or "parquet"
+    format: str  # "lmdb", "tar", "parquet" or "recordio"
     expected: int  # records the metadata announces
     checked: int  # records read and checked
     problems: tuple[str, ...] = ()
@@ -405,7 +408,8 @@ def _verify_parquet(path: str, show_progress: bool) -> VerifyReport:
 
 
 def verify(dst: str | os.PathLike[str], *, progress: bool = False, expect_digest: str | None = None) -> VerifyReport:
-    """Check every record of the pack at ``dst`` (LMDB, tar shards or Parquet); see the module docstring.
+    """Check every record of the pack at ``dst`` (LMDB, tar shards or Parquet), or the index of an MXNet ``.rec``;
+    see the module docstring.
 
     ``expect_digest``: the content digest a user pinned (``fastloader.pack.content_digest``): a pack whose
     records differ from it fails, naming the first record that differs where the pack's record digests
@@ -426,6 +430,11 @@ def verify(dst: str | os.PathLike[str], *, progress: bool = False, expect_digest
 def _verify(path: str, progress: bool) -> VerifyReport:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: the path does not exist")
+    if os.path.isfile(path) and path.endswith(".rec"):
+        from fastloader.pack.verify_recordio import recordio_problems
+
+        checked, problems, bad = recordio_problems(path)
+        return VerifyReport(path, "recordio", checked, checked, tuple(problems), tuple(bad))
     if os.path.isfile(path) or os.path.exists(os.path.join(path, "data.mdb")):
         return _verify_lmdb(path, progress)
     from fastloader.formats.parquet_pack import ParquetPackState

@@ -389,54 +389,6 @@ def test_a_dictionary_value_is_decoded_once_however_many_rows_refer_to_it(tmp_pa
     assert info["column_reads"] == 1 and info["refused_column_chunks"] == 0
 
 
-def test_a_chunk_larger_than_the_limit_is_refused_before_decoding_and_for_every_row(tmp_path: Path) -> None:
-    """The same file under a limit below its one value: every row is refused, naming the file, row group,
-    column and size, and nothing is decoded (not one page: the pool never holds a whole value)."""
-    value = 4 << 20
-    path = write_bomb(tmp_path / "bomb.parquet", "dictionary", rows=1024, text="c" * value)
-    outcomes, peak, info = read_captions(path, 1 << 20)
-    declared = pq.read_metadata(path).row_group(0).column(1).total_uncompressed_size
-    assert len(outcomes) == 1024 and all(isinstance(outcome, str) for outcome in outcomes)
-    assert outcomes[0] == (
-        f"{path}#0: field 'caption': cannot read column 'caption' of row group 0 in {path}: it decodes to more than"
-        f" max_decode_bytes=1,048,576 bytes (its footer says {declared:,};"
-        " refused before decoding): a file made to exhaust memory, or a row group too large for this limit"
-        " (max_decode_bytes= raises it)"
-    )
-    assert peak < value // 4, peak
-    assert info == {"column_reads": 0, "cached_row_groups": 0, "open_files": 1, "refused_column_chunks": 1}
-
-
-def test_a_dictionary_page_whose_header_says_more_than_the_footer_is_refused_before_decoding(tmp_path: Path) -> None:
-    """A footer is the writer's word: one that announces a small chunk while its dictionary page's own
-    header announces the value's 4 MB is refused on the header's word, before the page is decompressed."""
-    value = 4 << 20
-    path = write_bomb(tmp_path / "bomb.parquet", "dictionary", rows=16, text="c" * value)
-    chunk = pq.read_metadata(path).row_group(0).column(1)
-    data = bytearray(path.read_bytes())
-    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    # total_uncompressed_size is a zigzag varint in the footer's Thrift: replaced by one of the same length.
-    old = _varint(chunk.total_uncompressed_size * 2)
-    at = data.index(old, footer_start)
-    data[at : at + len(old)] = _varint(2 * 1000, len(old))
-    path.write_bytes(bytes(data))
-    assert pq.read_metadata(path).row_group(0).column(1).total_uncompressed_size == 1000
-    outcomes, peak, _ = read_captions(path, 1 << 20)
-    assert f"its dictionary page's header says {value + 4:,}; refused before decoding" in outcomes[0], outcomes[0]
-    assert peak < value // 4, peak
-
-
-def _varint(number: int, length: int = 0) -> bytes:
-    """``number`` as a varint, padded with continuation bytes to ``length`` bytes."""
-    out = bytearray()
-    while True:
-        out.append(number & 0x7F | 0x80)
-        number >>= 7
-        if not number and len(out) >= length:
-            out[-1] &= 0x7F
-            return bytes(out)
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures the peak memory Linux reports")
 def test_a_few_kb_that_decode_to_300_mb_are_refused_within_bounded_memory(tmp_path: Path) -> None:
     """Delta-encoded strings (each the previous one's prefix): the pages hold a few KB, so the footer cannot

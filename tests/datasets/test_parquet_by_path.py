@@ -21,9 +21,8 @@ from torch.utils.data import DataLoader
 
 from fastloader import DataLoaderX
 from fastloader.datasets import ParquetDataset
-from fastloader.errors import FormatError, ImagePathError, OutsideRoot
+from fastloader.errors import FormatError, ImagePathError
 from fastloader.formats import bad_samples
-from fastloader.pack.scan import scan
 from tests.images import distinct_photo, write_hf_by_path
 
 datasets = pytest.importorskip("datasets")
@@ -164,35 +163,3 @@ def test_rows_with_bytes_read_them_and_rows_with_neither_have_no_image(
     ours = ParquetDataset(tmp_path / "hf.parquet", transform=pixels)
     for index in range(2):
         assert torch.equal(ours[index][0], pixels(control[index]["image"])) and ours[index][1] == index
-
-
-def test_confine_refuses_image_paths_that_lead_outside_the_root(tmp_path: Path) -> None:
-    """Rows naming ``../``, an absolute path and a symbolic link out, beside one inside: under confine=True
-    only the one inside is read, the others are OutsideRoot naming the row and the path; without it every
-    one reads the file outside (what a stranger's set can make a reader, and `pack`, read)."""
-    root, secret = tmp_path / "set", tmp_path / "secret.jpg"
-    (root / "images").mkdir(parents=True)
-    secret.write_bytes(distinct_photo(1))
-    (root / "images" / "0000.jpg").write_bytes(distinct_photo(0))
-    (root / "images" / "link.jpg").symlink_to(secret)
-    paths = ["images/0000.jpg", "../secret.jpg", str(secret), "images/link.jpg"]
-    parquet = root / "train.parquet"
-    image = pa.array([{"bytes": None, "path": path} for path in paths], HF_IMAGE)
-    pq.write_table(pa.table({"image": image, "label": pa.array([0, 1, 2, 3], pa.int64())}), parquet)
-
-    loose = ParquetDataset(parquet, root=root)
-    assert [loose.source.read(i) for i in range(4)] == [distinct_photo(0)] + [distinct_photo(1)] * 3
-    confined = ParquetDataset(parquet, root=root, confine=True)
-    assert confined.source.read(0) == distinct_photo(0)
-    for row, path in enumerate(paths[1:], start=1):
-        with pytest.raises(OutsideRoot) as raised:
-            confined.source.read(row)
-        message = str(raised.value)
-        assert message.startswith(f"{parquet}#{row}: column 'image': image path {path!r}: points outside the root")
-        assert f"(to {secret})" in message and "confine=True" in message
-    with pytest.raises(ValueError, match="confine=True needs root="):
-        ParquetDataset(parquet, confine=True)
-    # pack and scan take --confine for Parquet too: the three rows are bad samples, named, nothing read.
-    report = scan(str(parquet), root=str(root), confine=True, workers=0, progress=False, report=tmp_path / "bad.tsv")
-    assert [bad.position for bad in report.bad] == [1, 2, 3]
-    assert all("points outside the root" in bad.reason for bad in report.bad)

@@ -19,9 +19,8 @@ from fastloader.datasets.base import Source
 from fastloader.datasets.tfrecord import TFRecordDataset, TFRecordSource
 from fastloader.errors import FormatError, MissingField
 from fastloader.fields.source import FieldSource, read_fields
-from fastloader.formats.index_file import read_index, write_index
 from fastloader.formats.protobuf import Feature, bytes_feature, encode_example, float_feature, int64_feature
-from fastloader.formats.tfrecord import INDEX_KIND, INDEX_VERSION, TFRecordWriter, default_index_path
+from fastloader.formats.tfrecord import TFRecordWriter
 from fastloader.image.pil import decode_pil
 
 KINDS = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")]
@@ -319,28 +318,3 @@ def test_examples_without_a_label(tmp_path: Path) -> None:
         (32, 32),
         -1,
     )
-
-
-@pytest.mark.parametrize("tamper", ["swapped", "dropped", "repeated"])
-def test_an_index_shipped_with_records_swapped_dropped_or_repeated_is_rebuilt(tmp_path: Path, tamper: str) -> None:
-    """The sidecar index came with the data, its metadata true (the file's size and mtime, kept by an
-    archive), its arrays not: records of one length, so each tampered offset still lands on a record that
-    reads with valid CRCs. It is rebuilt, with a warning naming it, and every item is its own record."""
-    path = tmp_path / "train.tfrecord"
-    examples = [imagenet_example(b"%04d" % i, i) for i in range(6)]  # one length each
-    write_shard(path, examples)
-    source = TFRecordSource(path)
-    index = read_index(default_index_path(path), INDEX_KIND, INDEX_VERSION)
-    offsets, lengths = index.arrays["offsets"].copy(), index.arrays["lengths"].copy()
-    if tamper == "swapped":
-        offsets[[0, 1]] = offsets[[1, 0]]
-    elif tamper == "dropped":
-        offsets, lengths = offsets[1:], lengths[1:]
-    else:
-        offsets[5] = offsets[4]
-    meta = {**index.meta, "count": len(offsets)}
-    del source, index
-    write_index(default_index_path(path), INDEX_KIND, INDEX_VERSION, meta, {"offsets": offsets, "lengths": lengths})
-    with pytest.warns(UserWarning, match=rf"rebuilding {default_index_path(path)}: its offsets are not those"):
-        reopened = TFRecordSource(path)
-    assert [reopened.example(i) for i in range(len(reopened))] == [(b"%04d" % i, i) for i in range(6)]

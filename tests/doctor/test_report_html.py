@@ -209,30 +209,6 @@ def test_verdict_box_is_coloured_by_level(level: str | None, css: str) -> None:
 
 # -- escaping and offline ----------------------------------------------------------------------------
 
-EVIL = '<script>alert("x")</script>&<img src=x onerror=alert(1)>'
-
-
-def test_every_string_from_the_result_is_escaped() -> None:
-    result = full_result()
-    result["dataset"]["path"] = f"data/{EVIL}.lmdb"
-    result["config"][EVIL] = EVIL
-    result["traps"][0]["message"] = EVIL
-    result["traps"][0]["fix"] = EVIL
-    result["verdict"]["advice"] = [EVIL]
-    result["verdict"]["level"] = EVIL
-    result["verdict"]["bottleneck"] = EVIL
-    result["stages"][EVIL] = stage(1.0, where=EVIL)
-    result["storage"][EVIL] = {"mb_per_s": 1.0}
-    result["environment"][EVIL] = EVIL
-    result["gpu"]["name"] = EVIL
-    text = render_report(result)
-    assert "<script" not in text.lower() and "<img" not in text.lower()
-    assert "&lt;script&gt;" in text
-    assert "data/&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&lt;img" in text
-    page = Page(text)
-    assert set(page.charts) == ALL_CHARTS  # the hostile stage name did not break the svg apart
-    assert "data/" + EVIL + ".lmdb" in " ".join(page.text)  # and a browser shows it as the text it was
-
 
 def test_page_loads_nothing_from_the_network_and_runs_no_script() -> None:
     text = render_report(full_result())

@@ -34,6 +34,7 @@ OTHER_SEED = 99  # the "new process" a resumed loader is made in
 KILLER_AT = 5
 PAYLOAD = 256 * 1024  # a sample's extra bytes where a worker is killed writing: more than a pipe holds
 KILL_WAIT_S = 60.0  # guard: how long the hook waits for a worker to block writing, then to be dead
+LINK_LABEL = 3  # the class of the link out of the root (alone in it): its records are known by their label
 
 
 class World:
@@ -49,9 +50,16 @@ class World:
                 path.write_bytes(image_bytes(index, seed=case.seed))
             if case.policy != "raise":
                 (self.images / "class_0" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+            if case.outside_link:  # a dataset's link to an image elsewhere on the machine
+                secret = folder / "outside" / "secret.jpg"
+                secret.parent.mkdir()
+                secret.write_bytes(image_bytes(case.size, seed=case.seed))
+                self.link = self.images / f"class_{LINK_LABEL}" / "link.jpg"
+                self.link.parent.mkdir()
+                self.link.symlink_to(secret)
 
     def dataset(self, plain: bool = False, run: str = "run") -> Any:
-        """The case's dataset; ``plain``: the reference's (no kill, no cache)."""
+        """The case's dataset; ``plain``: the reference's (no kill, no cache, not confined: torchvision's reads)."""
         case = self.case
         if case.dataset == "map" or (plain and case.dataset in ("killer_once", "killer_always")):
             return Indexed(case.size)
@@ -63,7 +71,9 @@ class World:
             # The decoded cache holds a fixed transform's pixels: the eval pipeline then, the train one otherwise.
             steps = [Resize(28), CenterCrop(24)] if case.cache else [RandomResizedCrop(24), RandomHorizontalFlip()]
             transform = Compose(steps, exact_decode=case.exact)
-            folder = ImageFolder(self.images, transform=transform, index_path=self.folder / "index")
+            confine = case.confine and not plain
+            index_path = self.folder / ("index-confined" if confine else "index")
+            folder = ImageFolder(self.images, transform=transform, index_path=index_path, confine=confine)
             folder.set_error_policy(case.policy)
             if case.cache and not plain:
                 folder.set_cache(self.folder / "cache" / "decoded")

@@ -13,6 +13,10 @@ where it is exact (every case but these); otherwise a small specification of the
   without that sample; a worker SIGKILLed while idle, or while blocked writing its result (a result not
   delivered whole is made again): torch's run;
 * the decoded cache: torch's run over the same dataset without a cache;
+* a symbolic link in the image folder to an image outside its root (alone in its class): without ``confine``
+  torch's run, which reads it as torchvision does; under ``confine=True`` with ``on_error="skip"`` torch's
+  run without that sample, with ``"replace"`` with the sample after it (the folder's first) in its place
+  (labels only: the refused sample makes no random draws), with ``"raise"`` an ``OutsideRoot`` naming it;
 * ``in_order=False``: the same samples each epoch, in any order;
 * ``worker_method="thread"``: torch's run (process workers), sample for sample, pixels included: a thread
   draws from its own generators (``get_worker_info().rng``; fastloader's transforms from its
@@ -43,9 +47,11 @@ from typing import Any
 
 import pytest
 
+from fastloader.errors import OutsideRoot
 from tests.oracle.cases import UNRESUMABLE, Case, draw
 from tests.oracle.runs import (
     KILLER_AT,
+    LINK_LABEL,
     OTHER_SEED,
     SEED,
     Record,
@@ -78,7 +84,16 @@ def reference(case: Case, world: World) -> list[list[Record]]:
     expected = epochs(case, loader)
     if case.dataset == "killer_always":
         expected = [[record for record in epoch if record[0] != KILLER_AT] for epoch in expected]
+    if _link_refused(case) and case.policy == "skip":
+        expected = [[record for record in epoch if record[0] != LINK_LABEL] for epoch in expected]
+    if _link_refused(case) and case.policy == "replace":  # the next good sample: index 0, of class 0
+        expected = [[(0, None) if key == LINK_LABEL else (key, d) for key, d in epoch] for epoch in expected]
     return expected
+
+
+def _link_refused(case: Case) -> bool:
+    """Whether the run refuses a sample the reference reads: the link out of the root, under ``confine``."""
+    return case.confine and case.outside_link
 
 
 def _timed_draws(case: Case) -> bool:
@@ -109,13 +124,20 @@ def _same(case: Case, got: list[Record], expected: list[Record], keys_only: bool
     return Counter(got) == Counter(expected)
 
 
-def check_uninterrupted(case: Case, world: World) -> list[list[Record]]:
+def check_uninterrupted(case: Case, world: World) -> list[list[Record]] | None:
+    """The uninterrupted run, checked against the reference; None when it must raise (and did)."""
+    seed_all(SEED)
+    loader = make_loader(case, world.dataset(run="uninterrupted"))
+    if _link_refused(case) and case.policy == "raise":
+        with pytest.raises(OutsideRoot, match=rf"class_{LINK_LABEL}/link\.jpg.*points outside the root"):
+            epochs(case, loader)
+        return None
     expected = reference(case, world)
     seed_all(SEED)
     loader = make_loader(case, world.dataset(run="uninterrupted"))
     got = epochs(case, loader, hook=kill_a_worker(case) if case.kill else None)
     for number, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
-        assert _same(case, ours, theirs), f"epoch {number}: {ours} != {theirs}"
+        assert _same(case, ours, theirs, keys_only=_link_refused(case)), f"epoch {number}: {ours} != {theirs}"
     return got
 
 
@@ -223,7 +245,7 @@ def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path) -
             check_ranks(case, world)
             return
         uninterrupted = check_uninterrupted(case, world)
-        if case.resume is not None:
+        if case.resume is not None and uninterrupted is not None:
             check_resume(case, world, uninterrupted)
     except AssertionError as error:
         raise AssertionError(f"seed {seed}: {case.describe()}\n{error}") from None
@@ -251,3 +273,7 @@ def test_the_draws_cover_every_axis() -> None:
     assert any(case.resume and case.resume_workers != case.workers for case in cases)
     assert any(case.resume and case.resume[0] > 0 for case in cases)
     assert any(case.ranks != case.resume_ranks for case in cases)
+    images = [case for case in cases if case.dataset == "images"]  # make fuzz draws every policy with the link
+    assert {(case.confine, case.outside_link) for case in images} == {
+        (c, o) for c in (False, True) for o in (False, True)
+    }
