@@ -114,9 +114,9 @@ def test_a_copied_or_pickled_dataset_keeps_its_own_route() -> None:
     unpickled = pickle.loads(pickle.dumps(dataset))
     again = batch(unpickled, [2, 4])
     assert torch.equal(again.labels, expected.labels) and torch.equal(again.images, expected.images)
-    other = copy.copy(dataset)
-    other.set_decode_threads(2)
-    other.set_error_policy("skip")
+    other = copy.copy(dataset)  # it shares the original's pipeline until something of it changes
     other.transform = fixed(16)
     assert batch(other, [2, 4]).images.shape == (2, 3, 16, 16)
+    other.set_decode_threads(2)
+    other.set_error_policy("skip")
     assert dataset.error_policy is None and batch(dataset, [2, 4]).images.shape == (2, 3, 32, 32)
