@@ -85,7 +85,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     ``fastloader.fields.specs``): a sequence gives tuple items, a mapping dict items.
 
     What decides a sample's route is one small object built from this configuration, a
-    :class:`~fastloader.datasets.pipeline.Pipeline` (``_pipeline()``), and the routes are given it, never the
+    ``fastloader.datasets.pipeline.Pipeline`` (``_pipeline()``), and the routes are given it, never the
     dataset. One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
     ``__getitems__``, samples with fields and GPU decode all get their image from ``Pipeline.decoded`` (the
     cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no cache takes
