@@ -87,17 +87,18 @@ class ThreadedBatches(LMDBDataset):
         return {**self.__dict__, "_pool": None, "_pid": 0}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
-        fused = self._fused()
-        assert fused is not None and fused.output_size is not None
+        pipeline = self._pipeline()
+        size = pipeline.buffer_size
+        assert size is not None
         if self._pool is None or self._pid != os.getpid():
             self._pool, self._pid = concurrent.futures.ThreadPoolExecutor(self.threads), os.getpid()
-        buffer = allocate_batch(len(indices), *fused.output_size)
+        buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
 
         def run(slots: range) -> None:
             for slot in slots:
                 target = pixels[slot]
-                image, _ = self._decoded(fused, int(indices[slot]), target)
+                image, _ = pipeline.decoded(int(indices[slot]), target)
                 if image is not target:  # decoded elsewhere (PIL): copied into its slot
                     target[...] = image
 
@@ -105,7 +106,7 @@ class ThreadedBatches(LMDBDataset):
         chunks = [range(first, min(first + step, len(indices))) for first in range(0, len(indices), step)]
         for future in [self._pool.submit(run, chunk) for chunk in chunks]:
             future.result()
-        return PrecollatedBatch(buffer, [self._label(int(i)) for i in indices])
+        return PrecollatedBatch(buffer, [pipeline.label(int(i)) for i in indices])
 
 
 def thread_loader(dataset: LMDBDataset, threads: int, ahead: int) -> Callable[[], Iterator[Any]]:

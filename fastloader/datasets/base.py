@@ -34,25 +34,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from fastloader import read_digests, sample_seeds
 from fastloader.datasets.batch_route import whole_batch
-from fastloader.datasets.cache_route import cached_batch, checked_cache, open_cache
+from fastloader.datasets.cache_route import cached_batch, open_cache
 from fastloader.datasets.error_policy import ErrorPolicy, read_exclusions
 from fastloader.datasets.fields_route import sample, sample_batch
-from fastloader.datasets.item import check_index, item_tensor
+from fastloader.datasets.item import check_index
+from fastloader.datasets.pipeline import Pipeline
 from fastloader.datasets.policy_route import image_by_image, policed_items
 from fastloader.fields.reader import FieldReader
 from fastloader.fields.source import aliases, field_kinds
 from fastloader.fields.specs import Layout, Spec, resolve
-from fastloader.image.batching import EncodedImage, PrecollatedBatch, allocate_batch
-from fastloader.image.decoded_cache import UNTRUSTED, DecodedCache, item_identities
-from fastloader.image.geometry import CropPlan
+from fastloader.image.batching import PrecollatedBatch, allocate_batch
+from fastloader.image.decoded_cache import DecodedCache
 from fastloader.image.gpu_decode import check_filters
 from fastloader.image.jpeg_ext import MAX_THREADS
 from fastloader.image.pil import decode_pil
@@ -86,8 +84,10 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     ``fields``: what an item holds besides ``(image, label)`` (see the module docstring and
     ``fastloader.fields.specs``): a sequence gives tuple items, a mapping dict items.
 
-    One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
-    ``__getitems__``, samples with fields and GPU decode all get their image from ``_decoded()`` (the
+    What decides a sample's route is one small object built from this configuration, a
+    ``fastloader.datasets.pipeline.Pipeline`` (``_pipeline()``), and the routes are given it, never the
+    dataset. One route from bytes to pixels: with a fastloader transform, ``ds[i]``, the batch buffer of
+    ``__getitems__``, samples with fields and GPU decode all get their image from ``Pipeline.decoded`` (the
     cache, else read -> header -> crop plan -> decode, timed there once); a batch buffer with no cache takes
     the same steps for the whole batch at once (``fastloader.datasets.batch_route``: the reads, then the
     headers and plans, then the decodes in one call of the JPEG extension), one with a cache copies what it
@@ -137,6 +137,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if fields is not None:
             self._layout = resolve(fields, field_kinds(source), aliases(source))
             self._fields = FieldReader(source, self._layout)
+        self._built: Pipeline | None = None  # _pipeline() builds it; a setter that changes what it holds drops it
         if cache is not None:
             self.set_cache(cache)
 
@@ -151,13 +152,14 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         return self._errors.fetch(index, self.source.key, self._item, allow_skip=False)  # type: ignore[return-value]
 
     def _item(self, index: int) -> Any:
-        if self._layout is not None:
-            return sample(self, index)
-        fused = self._fused()
+        pipeline = self._pipeline()
+        if pipeline.layout is not None:
+            return sample(pipeline, self._image, index)
+        fused = pipeline.fused
         if fused is None or fused.tail:  # a transform of the user's draws from the global generators
             sample_seeds.seed_for(index)
         if fused is not None:
-            return self._finish(fused, self._decoded(fused, index)[0]), self._label(index)
+            return pipeline.finish(pipeline.decoded(index)[0]), pipeline.label(index)
         image = self._image(index)
         label = self._target(index)
         if self.transform is not None:
@@ -170,37 +172,32 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         """Items ``indices`` as one :class:`~fastloader.image.batching.PrecollatedBatch` when the transform
         is fused and of fixed size (decoded into one batch buffer); else a list of ``self[i]``."""
-        if self._layout is not None:
-            return sample_batch(self, indices)
-        fused, size, policy = self._fused(), self.batch_buffer_size(), self._errors
-        if fused is None or size is None:
+        pipeline = self._pipeline()
+        if pipeline.layout is not None:
+            return sample_batch(pipeline, self._image, indices)
+        size, policy = pipeline.buffer_size, pipeline.errors
+        if size is None:  # no fused transform of fixed size, or GPU decode
             if policy is None:
                 return [self[index] for index in indices]
-            return policed_items(self, policy, indices)
+            return policed_items(pipeline, policy, indices, self._item)
         buffer = allocate_batch(len(indices), *size)
         pixels = buffer.numpy()
-        positions = [check_index(index, len(self.source)) for index in indices]
-        if policy is not None and policy.excludes_any(positions, self.source.key):
+        positions = [check_index(index, len(pipeline.source)) for index in indices]
+        if policy is not None and policy.excludes_any(positions, pipeline.source.key):
             labels = None  # image by image from the start: an excluded or found-bad sample is never read again
-        elif self._cache is None:
-            labels = whole_batch(self, fused, positions, pixels)
+        elif pipeline.cache is None:
+            labels = whole_batch(pipeline, positions, pixels)
         else:
-            labels = cached_batch(self, fused, positions, pixels)
+            labels = cached_batch(pipeline, positions, pixels)
         if labels is not None:  # the hot path: the whole batch at once
             return PrecollatedBatch(buffer, labels)
-        return image_by_image(self, fused, buffer, positions)
+        return image_by_image(pipeline, buffer, positions)
 
     def batch_buffer_size(self) -> tuple[int, int] | None:
         """``(height, width)`` of the uint8 batch buffer ``__getitems__`` decodes a batch into, or None when it
         makes none (no fused transform of fixed size, GPU decode, fields without an image). A DataLoaderX sizes
         its batch ring by it (``fastloader.image.batch_ring``)."""
-        fused = self._fused()
-        size = fused.output_size if fused is not None else None
-        if size is None or self._decode_device != "cpu":
-            return None
-        if self._layout is not None and not self._layout.wants_image:
-            return None
-        return size
+        return self._pipeline().buffer_size
 
     def set_decode_threads(self, threads: int | None) -> None:
         """Threads a batch's JPEGs are decoded on, in each process that decodes (a worker, or the training
@@ -211,6 +208,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if threads is not None and not valid:
             raise ValueError(f"threads must be None or 1 to {MAX_THREADS}, got {threads!r}")
         self._decode_threads = threads
+        self._built = None
 
     def set_error_policy(
         self,
@@ -226,6 +224,7 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
         if isinstance(exclude, (str, os.PathLike)):
             exclude = read_exclusions(exclude)
         self._errors = ErrorPolicy(on_error, len(self.source), max_errors, quarantine, exclude or ())
+        self._built = None
 
     @property
     def error_policy(self) -> ErrorPolicy | None:
@@ -260,14 +259,16 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
                 raise ValueError(f"device={device!r}: a dataset with a decoded cache decodes on the CPU")
             check_filters(fused.steps, device)
         self._decode_device = kind
+        self._built = None
 
     def set_cache(self, path: str | os.PathLike[str] | None) -> None:
         """Keep the decoded images of this fixed transform in the file ``path`` (None: no cache);
         see ``fastloader.image.decoded_cache``. Call it again after changing the transform."""
         if path is None:
             self._cache, self._cached_transform = None, None
-            return
-        self._cache, self._cached_transform = open_cache(self, path)
+        else:
+            self._cache, self._cached_transform = open_cache(self._pipeline(), path)
+        self._built = None
 
     def _image(self, index: int) -> Any:
         """The image of item ``index`` for a transform that does not decode by itself."""
@@ -289,48 +290,26 @@ class ImageDataset(Dataset[tuple[Any, Any]], Generic[T]):
             return transform
         return None
 
-    def _label(self, index: int) -> Any:
-        label = self._target(index)
-        return label if self.target_transform is None else self.target_transform(label)
-
-    def _decoded(
-        self, fused: FusedTransform, index: int, out: np.ndarray | None = None, pixels: bool = True
-    ) -> tuple[Any, CropPlan | None]:
-        """Item ``index`` through the fused steps: the one route from bytes to pixels, and its one timing.
-
-        The dataset's configuration (transform, cache, decode device) chose the route; each item runs
-        it: the cache when it holds the item, else read -> header -> crop plan -> decode
-        (:meth:`~fastloader.transforms.FusedTransform.decode_planned`), into ``out`` when given. Decoding
-        on the GPU, the image stays encoded, with its plan; ``pixels=False``: the plan only. Returns
-        (H×W×3 uint8 pixels, an ``EncodedImage`` or None; the crop plan, None for pixels from the cache).
-        """
-        cache = None if self._cache is None else checked_cache(self, fused)
-        identity = UNTRUSTED
-        if cache is not None:
-            size = cast(tuple[int, int], fused.decoded_size)  # fixed: set_cache checked it
-            out = np.empty((*size, 3), dtype=np.uint8) if out is None else out
-            with timed("read"):  # decoded pixels from the cache, if the item is still the one cached
-                identity = int(item_identities(self.source, [index])[0])  # before the read below
-                if cache.read_into(index, out, identity):
-                    return out, None
-        gpu = self._decode_device != "cpu"
-        with timed("read"):
-            data = self.source.read(index)
-        read_digests.record(index, data)  # the ledger's digest of the bytes as read (off unless ledger=)
-        with timed("decode"):  # fused with the crop and resize; for the GPU, only the header and the plan
-            key = self.source.key(index)
-            generator = sample_seeds.generator(index)  # seed=: the sample's own draws; else torch's global generator
-            header, plan, decoded = fused.decode_planned(data, key, out, pixels=pixels and not gpu, generator=generator)
-        if gpu:
-            return EncodedImage(data, plan, key, header, index), plan
-        if cache is not None and decoded is not None:
-            cache.write(index, decoded, identity)
-        return decoded, plan
-
-    def _finish(self, fused: FusedTransform, image: Any) -> Any:
-        """Decoded pixels as a C×H×W tensor, through the transform's tail; an encoded image as it is."""
-        image = item_tensor(image)
-        if not fused.tail or not isinstance(image, torch.Tensor):
-            return image
-        with timed("transform"):
-            return fused.finish(image)
+    def _pipeline(self) -> Pipeline:
+        """What decides a sample's route now: the pipeline built from this configuration, built again when a
+        setter dropped it or a public attribute it was built from (the transform, the target transform, the
+        source, the decode) was reassigned."""
+        built = self._built
+        decodes_bytes = self._decodes_bytes()
+        if built is None or not built.made_for(self.source, self.transform, self.target_transform, decodes_bytes):
+            built = self._built = Pipeline(
+                source=self.source,
+                transform=self.transform,
+                target=self._target,
+                target_transform=self.target_transform,
+                decodes_bytes=decodes_bytes,
+                fused=self._fused(),
+                errors=self._errors,
+                cache=self._cache,
+                cached_transform=self._cached_transform,
+                decode_device=self._decode_device,
+                decode_threads=self._decode_threads,
+                layout=self._layout,
+                fields=self._fields,
+            )
+        return built

@@ -1,5 +1,5 @@
 """The batch route of an :class:`~fastloader.datasets.base.ImageDataset`: a batch of fixed-size images
-decoded at once into its buffer.
+decoded at once into its buffer, given the dataset's :class:`~fastloader.datasets.pipeline.Pipeline`.
 
 ``ImageDataset.__getitems__`` takes it for a fused transform of fixed size (with a decoded cache, the
 cache's route, ``fastloader.datasets.cache_route``, decodes what it misses through here). The reads come
@@ -12,7 +12,7 @@ tried at once all the same (bad samples are rare) and given up at its first fail
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -23,16 +23,15 @@ from fastloader.timing import timed
 from fastloader.transforms.fused import FusedTransform
 
 if TYPE_CHECKING:
-    from fastloader.datasets.base import ImageDataset, Source
+    from fastloader.datasets.base import Source
+    from fastloader.datasets.pipeline import Pipeline
 
 # Encoded bytes a batch's decode holds at once: all of a batch of small images (256 x 20 KB), a few calls for
 # large ones, so that a worker never holds a whole batch of 10 MB images beside their pixels.
 _BATCH_BYTES = 16 << 20
 
 
-def whole_batch(
-    dataset: ImageDataset[Any], fused: FusedTransform, indices: Sequence[int], pixels: np.ndarray
-) -> list[Any] | None:
+def whole_batch(pipeline: Pipeline, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
     """Items ``indices`` decoded at once into ``pixels`` (:func:`decode_batch`): their labels, or None where
     the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
     rare) and given up at its first failure, torch's random state put back: image by image, the policy then
@@ -41,11 +40,11 @@ def whole_batch(
     # The generator the crops draw from without seed=: a thread worker's own, else torch's global one.
     drawn_from = torch.random.thread_safe_generator()
     state = None
-    if dataset._errors is not None:
+    if pipeline.errors is not None:
         state = torch.get_rng_state() if drawn_from is None else drawn_from.get_state()
     try:
-        decode_batch(dataset.source, fused, indices, pixels, dataset._decode_threads)
-        return [dataset._label(index) for index in indices]
+        decode_batch(pipeline.source, cast(FusedTransform, pipeline.fused), indices, pixels, pipeline.decode_threads)
+        return [pipeline.label(index) for index in indices]
     except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
         if state is None:
             raise

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fastloader import transforms as T
-from fastloader.datasets import base, batch_route, cache_route, fields_route
+from fastloader.datasets import base, batch_route, cache_route, fields_route, pipeline
 from fastloader.datasets.base import ImageDataset
 from fastloader.fields import Boxes, Mask
 from fastloader.image.batching import EncodedImage, PrecollatedBatch
@@ -43,7 +43,7 @@ def route(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
     monkeypatch.setattr(FusedTransform, "decode_planned", decode_planned)
     monkeypatch.setattr(FusedTransform, "decode_batch", decode_batch)
-    for module in (base, batch_route, cache_route, fields_route):  # every route that times a stage
+    for module in (base, batch_route, cache_route, fields_route, pipeline):  # every route that times a stage
         monkeypatch.setattr(module, "timed", timed)
     yield seen
 

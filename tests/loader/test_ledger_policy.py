@@ -24,11 +24,16 @@ from tests.loader.test_worker_restart import KILLER, Killing, N
 BAD = "class_1/0004.jpg"  # written as bytes no decoder reads
 
 
+def _own_index(index: int) -> int:
+    return index
+
+
 class KeyedFolder(ImageFolder):
     """An ImageFolder whose labels are the samples' indices: each batch says which samples it holds."""
 
-    def _label(self, index: int) -> Any:
-        return index
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._target = _own_index  # what the dataset's pipeline reads a label with
 
 
 @pytest.fixture(scope="module")
