@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fastloader.loader.normalize import NormalizeSpec
+from fastloader.loader.workers.ray_options import RayWorkers
 
 # DataLoaderX's extras and local_rank: the plan (or the sampler chosen in __init__) is made of them
 PLANNED = frozenset(
@@ -32,6 +33,7 @@ PLANNED = frozenset(
         "stall_warning",
         "snapshot_every_n_steps",
         "ledger",
+        "worker_method",
     }
 )
 
@@ -52,6 +54,7 @@ class LoaderPlan:
     ledger: str | None = None  # where each rank's training loop's deliveries are recorded (ledger_writer.py)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
     batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
+    ray: RayWorkers | None = None  # worker_method="ray": batches made by Ray actors (fastloader.loader.workers)
 
     @property
     def to_cuda(self) -> bool:
