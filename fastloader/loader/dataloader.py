@@ -108,8 +108,7 @@ class DataLoaderX(DataLoader[T_co]):
             ``num_workers`` Ray actors placed across the Ray cluster this process is connected to (``ray.init``
             by you, else ``address="auto"``), each making whole batches, every sample exactly once and in order,
             with the state of ``"process"`` (``pip install fastloader[ray]``); a
-            :class:`~fastloader.loader.workers.ray_options.RayWorkers` to set where and how. See
-            ``fastloader.loader.workers.ray_workers``.
+            :class:`~fastloader.loader.RayWorkers` to set where and how. See the guide, "Batches from other machines".
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
