@@ -36,7 +36,7 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
     """The next epoch of ``loader``, its producer thread started."""
     plan, runtime, cursor = loader._plan, loader._runtime, loader._cursor
     start = cursor.next_plan()
-    persistent = loader.persistent_workers and loader.num_workers > 0 and plan.ray is None
+    persistent = loader.persistent_workers and loader.num_workers > 0
     if persistent:
         # Torch hands out one shared iterator and resets it here: the previous epoch's producer
         # thread must stop pulling from it first.
@@ -52,7 +52,7 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
     if plan.ray is not None:  # Ray actors in place of torch's iterator and its workers (they stay for the next epoch)
         from fastloader.loader.workers.ray_workers import open_ray_epoch
 
-        source = open_ray_epoch(loader, progress, plan.ray)
+        source = open_ray_epoch(loader, progress, plan.ray, fresh)
     else:
         with on_device(plan.device):  # torch's pin-memory thread pins for the current device
             source = DataLoader.__iter__(loader)

@@ -6,8 +6,9 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle, and a resume at a random batch of a random epoch, loaded
-in a fresh loader with another ``batch_size`` or ``num_workers``.
+epochs cut short), a worker SIGKILLed while idle, a resume at a random batch of a random epoch, loaded
+in a fresh loader with another ``batch_size`` or ``num_workers``, and ``worker_method`` ("ray": actors that
+answer in any order and die now and then, inside this process, tests/oracle/fake_ray.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Case:
     resume: tuple[int, int] | None  # (epoch, batch) at which the state is taken
     resume_batch_size: int
     resume_workers: int
+    worker_method: str = "process"  # "ray": the batches made by Ray actors (in-process ones: fake_ray.py)
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -69,7 +71,7 @@ def draw(seed: int) -> Case:
     policy = rng.choice(["raise", "skip", "replace"]) if dataset == "images" else "skip"
     if dataset == "killer_once":
         policy = rng.choice(["skip", "replace"])
-    persistent = workers > 0 and rng.random() < 0.5
+    persistent = workers > 0 and rng.random() < 1.0
     loop = rng.choice(["plain", "plain", "set_epoch", "cut"])
     # in_order=False: batches come as their workers finish; a cut epoch would keep whichever came first.
     in_order = dataset not in MAP_STYLE or workers < 2 or loop == "cut" or rng.random() < 0.7
@@ -93,6 +95,8 @@ def draw(seed: int) -> Case:
             resume_batch_size = rng.randint(2, 5) if dataset == "killer_always" else rng.randint(1, 5)
         if rng.random() < 0.7 and dataset not in ("killer_once", "killer_always"):
             resume_workers = rng.randint(0, 3)
+    # A generator of its own: the axes above are those each seed drew before this axis existed.
+    ray = dataset in ("map", "images") and workers > 0 and random.Random(f"ray {seed}").random() < 0.5
     return Case(
         seed=seed,
         dataset=dataset,
@@ -114,4 +118,5 @@ def draw(seed: int) -> Case:
         resume=resume,
         resume_batch_size=resume_batch_size,
         resume_workers=resume_workers,
+        worker_method="ray" if ray else "process",
     )

@@ -108,6 +108,8 @@ def make_loader(
     if torch_loader:
         return DataLoader(dataset, **args)
     extras: dict[str, Any] = {"stall_warning": None}
+    if case.worker_method == "ray" and count > 0:  # a resume with num_workers=0 goes on in process mode
+        extras["worker_method"] = "ray"
     if case.order == "seed":
         args["shuffle"] = True
         extras["seed"] = case.seed
@@ -172,7 +174,9 @@ def kill_a_worker(case: Case) -> Hook:
     """SIGKILL one of the loader's workers after the batch the case names (the worker is likely idle)."""
 
     def hook(iterator: Any, epoch: int, number: int) -> None:
-        if case.kill_idle == (epoch, number):
+        if case.kill_idle == (epoch, number) and case.worker_method == "ray":
+            iterator._source.pool.ray.kill_one()  # an actor of the fake cluster (tests/oracle/fake_ray.py)
+        elif case.kill_idle == (epoch, number):
             workers = iterator._source._workers  # torch's iterator under the prefetch thread
             os.kill(workers[0].pid, signal.SIGKILL)
 

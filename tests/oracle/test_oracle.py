@@ -10,6 +10,8 @@ where it is exact (every case but these); otherwise a small specification of the
   without that sample; a worker SIGKILLed while idle: torch's run;
 * the decoded cache: torch's run over the same dataset without a cache;
 * ``in_order=False``: the same samples each epoch, in any order;
+* ``worker_method="ray"`` (actors inside this process, tests/oracle/fake_ray.py, answering in any order and dying
+  now and then): torch's run, keys only (the actors seed the samples' draws per batch, not per worker);
 * a resume (the state at a random batch of a random epoch, through JSON, loaded in a fresh loader made after
   another global seed, with another ``batch_size`` or ``num_workers`` where that is exact): the uninterrupted
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
@@ -31,7 +33,9 @@ from typing import Any
 
 import pytest
 
+from fastloader.loader.workers import ray_workers
 from tests.oracle.cases import UNRESUMABLE, Case, draw
+from tests.oracle.fake_ray import FakeRay
 from tests.oracle.runs import (
     KILLER_AT,
     OTHER_SEED,
@@ -78,8 +82,9 @@ def _timed_draws(case: Case) -> bool:
 def _draws_differ(case: Case) -> bool:
     """Whether the reference cannot know the samples' draws: a sample that kills its worker every time is
     tried alone and left out (its draws, and the probes', are not made in the reference's run); with
-    ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from."""
-    return case.dataset == "killer_always" or not case.in_order
+    ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from;
+    Ray actors seed them per batch, not per worker."""
+    return case.dataset == "killer_always" or not case.in_order or case.worker_method == "ray"
 
 
 def _same(case: Case, got: list[Record], expected: list[Record], keys_only: bool = False) -> bool:
@@ -139,9 +144,12 @@ def check_resume(case: Case, world: World, uninterrupted: list[list[Record]]) ->
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", _seeds())
-def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path) -> None:
+def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     case = draw(seed)
     world = World(case, tmp_path)
+    if case.worker_method == "ray":
+        fake = FakeRay(seed, deaths=2)
+        monkeypatch.setattr(ray_workers, "import_ray", lambda: fake)
     try:
         uninterrupted = check_uninterrupted(case, world)
         if case.resume is not None:
@@ -169,3 +177,5 @@ def test_the_draws_cover_every_axis() -> None:
     assert any(case.resume and case.resume_batch_size != case.batch_size for case in cases)
     assert any(case.resume and case.resume_workers != case.workers for case in cases)
     assert any(case.resume and case.resume[0] > 0 for case in cases)
+    assert seen["worker_method"] == {"process", "ray"}
+    assert any(case.worker_method == "ray" and case.resume for case in cases)

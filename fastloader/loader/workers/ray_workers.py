@@ -37,7 +37,7 @@ from fastloader.loader.stage_clock import TimedBatch
 from fastloader.loader.workers.lease_book import LeaseBook
 from fastloader.loader.workers.ray_actor import BatchMaker, RemoteBatch
 from fastloader.loader.workers.ray_options import RayWorkers
-from fastloader.torch_internals import index_sampler
+from fastloader.torch_internals import index_sampler, keep_persistent_iterator
 
 if TYPE_CHECKING:
     from fastloader.loader.dataloader import DataLoaderX
@@ -279,8 +279,10 @@ class _Raise:
         self.error = error
 
 
-def open_ray_epoch(loader: DataLoaderX[Any], progress: Progress, options: RayWorkers) -> RayEpoch:
-    """The epoch ``progress`` of ``loader`` on its actors (started at its first epoch, kept in its runtime)."""
+def open_ray_epoch(loader: DataLoaderX[Any], progress: Progress, options: RayWorkers, fresh: bool) -> RayEpoch:
+    """The epoch ``progress`` of ``loader`` on its actors (started at its first epoch, kept in its runtime).
+    ``fresh``: torch would make a new iterator here (else, with ``persistent_workers``, it would reuse its
+    workers, their base seed unchanged: the sampler's draws then follow as torch's do)."""
     runtime = loader._runtime
     workers = int(loader.num_workers)
     per_actor = loader.prefetch_factor or 2
@@ -289,14 +291,23 @@ def open_ray_epoch(loader: DataLoaderX[Any], progress: Progress, options: RayWor
     # As torch's iterator: the index stream first (nothing is drawn until it is iterated), then the workers' base
     # seed from the loader's generator (or, on a resumed state's new iterator, a generator of its own).
     batches = progress.batches_of(index_sampler(loader))
-    generator = torch.Generator() if progress.base_draw_aside else loader.generator
-    drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    loader._cursor.started_workers(progress, drawn, fresh=True)
+    drawn = 0
+    if fresh:
+        generator = torch.Generator() if progress.base_draw_aside else loader.generator
+        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        if loader.persistent_workers:
+            keep_persistent_iterator(loader, _Persistent())  # the resume cursor asks for torch's persistent iterator
+    loader._cursor.started_workers(progress, drawn, fresh)
     to_cuda = loader._plan.to_cuda
     in_flight = workers * per_actor
     return RayEpoch(
         runtime.ray_pool, progress, batches, len(loader), in_flight, not to_cuda, loader.pin_memory and to_cuda
     )
+
+
+class _Persistent:
+    """Stands for torch's persistent iterator (``loader._iterator``) with ``persistent_workers=True``: the actors
+    of the next epoch go on with this base seed, as torch's workers would; ``load_state_dict`` drops it."""
 
 
 def _first_line(error: BaseException) -> str:
