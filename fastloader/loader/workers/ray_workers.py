@@ -22,10 +22,11 @@ dataset raises is the training loop's at that batch, as in torch. Ray is importe
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,6 @@ class _Actor:
     ready_ref: Any  # the answer of its ready() call, until it came
     started: float
     pid: int | None = None
-    out: set[int] = field(default_factory=set)  # tickets of the leases it holds
 
     @property
     def ready(self) -> bool:
@@ -96,29 +96,20 @@ class RayPool:
     def live(self) -> list[tuple[int, _Actor]]:
         return [(slot, actor) for slot, actor in enumerate(self.actors) if actor is not None]
 
-    def free(self) -> tuple[int, _Actor] | None:
-        """The ready actor holding the fewest leases, if one has room for another."""
-        ready = [(len(actor.out), slot, actor) for slot, actor in self.live() if actor.ready]
-        if not ready:
-            return None
-        held, slot, actor = min(ready, key=lambda item: item[:2])
-        return (slot, actor) if held < self.per_actor else None
-
-    def died(self, slot: int, error: BaseException) -> set[int]:
-        """Actor ``slot`` is dead: the tickets it held; a new actor takes its place while replacements last."""
-        actor = self.actors[slot]
-        if actor is None:
-            return set()
+    def died(self, slot: int, actor: _Actor, error: BaseException) -> None:
+        """``actor``, in ``slot``, is dead: a new actor takes its place while replacements last (nothing when
+        another epoch found it dead first: the slot holds its replacement)."""
+        if self.actors[slot] is not actor:
+            return
         self.deaths += 1
         self.last_death = f"actor {slot} (pid {actor.pid}): {type(error).__name__}: {_first_line(error)}"
-        log.warning("worker_method='ray': %s; its %d leases go to other actors", self.last_death, len(actor.out))
+        log.warning("worker_method='ray': %s; its leases go to other actors", self.last_death)
         self.ray.kill(actor.handle, no_restart=True)
         if self.replacements_left > 0:
             self.replacements_left -= 1
             self.actors[slot] = self._start(slot)
         else:
             self.actors[slot] = None
-        return actor.out
 
     def check_progress(self, waiting_since: float) -> None:
         """WorkersLost when no actor is left, or none is ready and the oldest has waited past the deadline."""
@@ -156,7 +147,9 @@ class RayEpoch(Iterator[TimedBatch]):
         self.writable = writable  # batches stay on the CPU: copied out of the read-only object store
         self.pin = pin  # pin_memory=True on CUDA: pinned here, as torch's pin-memory thread would
         self._length = length
-        self._refs: dict[Any, tuple[int, int]] = {}  # result ref -> (ticket, actor slot)
+        self._refs: dict[Any, tuple[int, int, _Actor]] = {}  # result ref -> (ticket, actor slot, actor)
+        # This epoch's leases out on each actor (an epoch another iter() left behind has its own)
+        self._held: dict[int, int] = collections.Counter()
         self._fatal: BaseException | None = None
         self._waiting_since = time.monotonic()
 
@@ -191,15 +184,23 @@ class RayEpoch(Iterator[TimedBatch]):
             raise
 
     def _hand_out(self) -> None:
-        book, pool = self.book, self.pool
-        while (free := pool.free()) is not None:
+        book = self.book
+        while (free := self._free()) is not None:
             taken = book.take()
             if taken is None:
                 return
             ticket, lease = taken
             slot, actor = free
-            actor.out.add(ticket)
-            self._refs[actor.handle.make.remote(lease, self.base_seed)] = (ticket, slot)
+            self._held[slot] += 1
+            self._refs[actor.handle.make.remote(lease, self.base_seed)] = (ticket, slot, actor)
+
+    def _free(self) -> tuple[int, _Actor] | None:
+        """The ready actor holding the fewest of this epoch's leases, if it has room for another."""
+        ready = [(self._held[slot], slot, actor) for slot, actor in self.pool.live() if actor.ready]
+        if not ready:
+            return None
+        held, slot, actor = min(ready, key=lambda item: item[:2])
+        return (slot, actor) if held < self.pool.per_actor else None
 
     def _wait(self) -> None:
         ray, pool = self.pool.ray, self.pool
@@ -224,24 +225,20 @@ class RayEpoch(Iterator[TimedBatch]):
         try:
             actor.pid = self.pool.ray.get(ref)
         except self.pool.ray.exceptions.RayError as error:  # it died starting (its dataset did not unpickle...)
-            self._lost(slot, error)
+            self._lost(slot, actor, error)
             return
         actor.ready_ref = None
         self._waiting_since = time.monotonic()
 
     def _arrived(self, ref: Any) -> None:
-        ticket, slot = self._refs.pop(ref)
-        actor = self.pool.actors[slot]
-        if actor is not None:
-            actor.out.discard(ticket)
+        ticket, slot, actor = self._refs.pop(ref)
+        self._held[slot] -= 1
         exceptions = self.pool.ray.exceptions
         start = perf_counter()
         try:
             remote: RemoteBatch = self.pool.ray.get(ref)
         except (exceptions.RayActorError, exceptions.ObjectLostError) as error:
-            if actor is not None and ticket not in actor.out:
-                actor.out.add(ticket)  # died() hands back every ticket the actor held, this one too
-            self._lost(slot, error)
+            self._lost(slot, actor, error, ticket)
             return
         except exceptions.RayTaskError as error:
             # The dataset or collate function raised: the training loop's error at this batch (as in torch).
@@ -256,20 +253,22 @@ class RayEpoch(Iterator[TimedBatch]):
         timed = TimedBatch(batch, timing)
         self.book.done(ticket, timed.pin_memory() if self.pin else timed)
 
-    def _lost(self, slot: int, error: BaseException) -> None:
-        tickets = self.pool.died(slot, error)
-        for ref, (ticket, held_by) in list(self._refs.items()):
-            if held_by == slot:
+    def _lost(self, slot: int, actor: _Actor, error: BaseException, ticket: int | None = None) -> None:
+        """``actor`` (in ``slot``) died (``ticket``: the lease whose answer said so): its leases go out again."""
+        self.pool.died(slot, actor, error)
+        tickets = {ticket} if ticket is not None else set()
+        for ref, (other, held_by, holder) in list(self._refs.items()):
+            if holder is actor:
                 del self._refs[ref]  # a dead actor's answer never comes: do not wait for it
-                tickets.add(ticket)
-        for ticket in sorted(tickets):
-            self.book.lost(ticket)
+                tickets.add(other)
+                self._held[held_by] -= 1
+        for lost in sorted(tickets):
+            self.book.lost(lost)
 
     def _shutdown_workers(self) -> None:
         """The epoch is over (or abandoned): forget its leases; the actors stay for the next epoch."""
         self._refs.clear()
-        for _, actor in self.pool.live():
-            actor.out.clear()
+        self._held.clear()
 
 
 class _Raise:
