@@ -85,18 +85,23 @@ def test_two_epochs_every_sample_once_the_batches_of_process_mode(cluster: RayCl
     assert not {pid for epoch in remote for batch in epoch for pid in batch[2]} & {os.getpid()}  # made by actors
 
 
-def test_an_image_folder_gives_process_modes_pixels(cluster: RayCluster, tmp_path: Path) -> None:
+def test_an_image_folder_gives_process_modes_pixels_epoch_after_epoch(cluster: RayCluster, tmp_path: Path) -> None:
+    """torch's own order (the global RNG), persistent workers: the later epochs' orders follow as torch's."""
     write_image_folder(tmp_path / "images", count=24)
     dataset = ImageFolder(tmp_path / "images", transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
-    settings: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 1, "num_workers": 2}
-    local = list(DataLoaderX(dataset, **settings))
+    settings: dict[str, Any] = {"batch_size": 5, "shuffle": True, "num_workers": 2, "persistent_workers": True}
+    torch.manual_seed(0)
+    local_loader = DataLoaderX(dataset, **settings)
+    local = [list(local_loader) for _ in range(2)]
+    torch.manual_seed(0)
     loader = DataLoaderX(dataset, **settings, worker_method="ray")
-    remote = list(loader)
+    remote = [list(loader) for _ in range(2)]
     _stopped(loader)
-    assert len(remote) == len(local) == 5
-    for (images, labels), (want_images, want_labels) in zip(remote, local, strict=True):
-        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 32, 32)
-        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    for epoch in range(2):
+        assert len(remote[epoch]) == len(local[epoch]) == 5
+        for (images, labels), (want_images, want_labels) in zip(remote[epoch], local[epoch], strict=True):
+            assert images.dtype == torch.uint8 and images.shape[1:] == (3, 32, 32)
+            assert torch.equal(labels, want_labels) and torch.equal(images, want_images), f"epoch {epoch}"
     stages = loader.stats()["stages"]
     assert stages["decode"]["total_s"] > 0 and stages["handoff"]["total_s"] > 0  # the actors' stages, timed
 
