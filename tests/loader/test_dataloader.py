@@ -168,6 +168,7 @@ def test_signature_is_torchs_plus_keyword_only_extras() -> None:
         "stall_warning",
         "snapshot_every_n_steps",
         "ledger",
+        "worker_method",
     }
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras.values())
 

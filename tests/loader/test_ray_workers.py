@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from tests.helpers import run_python, wait_until
 from tests.images import write_image_folder
 from tests.pack.ray_cluster import ENV as RAY_ENV
 from tests.pack.ray_cluster import RayCluster
-from tests.toy_datasets import Failing, KillsItsProcess, MadeBy
+from tests.toy_datasets import Counting, Failing, KillsItsProcess, MadeBy
 
 ray = pytest.importorskip("ray", reason="worker_method='ray' needs Ray (pip install fastloader[ray])")
 
@@ -70,6 +71,35 @@ def _labels(epoch: list[tuple[Any, ...]]) -> list[int]:
 def test_plain_import_never_imports_ray() -> None:
     done = run_python("import sys, fastloader; from fastloader import DataLoaderX; print('ray' in sys.modules)")
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"worker_method": "threads"}, "worker_method must be one of 'process', 'ray' or a RayWorkers"),
+        ({"worker_method": "ray"}, "worker_method='ray' needs num_workers >= 1"),
+        ({"worker_method": "ray", "num_workers": "auto"}, "worker_method='ray' needs num_workers >= 1"),
+        ({"worker_method": "ray", "num_workers": 1, "batch_size": None}, "batch_size=None"),
+        ({"worker_method": "ray", "num_workers": 1, "worker_init_fn": print}, "worker_init_fn"),
+        ({"worker_method": "ray", "num_workers": 1, "ledger": "x.ledger"}, "ledger="),
+        ({"worker_method": RayWorkers(), "num_workers": 1, "decode_on": "cuda"}, "decode_on='cuda'"),
+    ],
+)
+def test_what_ray_workers_cannot_take_is_refused_naming_it(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DataLoaderX(MadeBy(4), **arguments)
+
+
+def test_an_iterable_dataset_and_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="not an IterableDataset"):
+        DataLoaderX(Counting(8), batch_size=2, num_workers=1, worker_method="ray")
+    with pytest.raises(ValueError, match="num_cpus must be >= 0"):
+        RayWorkers(num_cpus=-1)
+    with pytest.raises(ValueError, match="placement_timeout must be > 0"):
+        RayWorkers(placement_timeout=0)
+    loader = DataLoaderX(MadeBy(4), num_workers=1, worker_method="ray")
+    with pytest.raises(ValueError, match="worker_method attribute should not be set"):
+        loader.worker_method = "process"
 
 
 def test_two_epochs_every_sample_once_the_batches_of_process_mode(cluster: RayCluster) -> None:
