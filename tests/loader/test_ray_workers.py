@@ -136,6 +136,19 @@ def test_an_image_folder_gives_process_modes_pixels_epoch_after_epoch(cluster: R
     assert stages["decode"]["total_s"] > 0 and stages["handoff"]["total_s"] > 0  # the actors' stages, timed
 
 
+def test_a_bad_image_in_an_actor_follows_the_error_policy(cluster: RayCluster, tmp_path: Path) -> None:
+    write_image_folder(tmp_path / "images", count=11)
+    (tmp_path / "images" / "class_0" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    dataset = ImageFolder(tmp_path / "images", transform=T.Compose([T.Resize(40), T.CenterCrop(32)]))
+    dataset.set_error_policy("skip")
+    loader = DataLoaderX(dataset, batch_size=4, num_workers=1, worker_method="ray")
+    labels = [label for _, batch_labels in loader for label in batch_labels.tolist()]
+    _stopped(loader)
+    assert len(labels) == 11  # the 12th sample left out, as in a worker process
+    stats = loader.stats()
+    assert stats["bad_samples"] == 1 and stats["by_reason"] == {"DecodeError": 1}  # the actor's quarantine line
+
+
 def _kill_when_logged(log_dir: Path, count: int, killed: list[tuple[int, list[int]]]) -> None:
     """SIGKILL the first process that logged ``count`` indices (an actor mid-epoch)."""
 
