@@ -1,10 +1,12 @@
-"""A real Ray cluster on loopback for the Ray pack tests, and a source that shows which process read what.
+"""A real Ray cluster on loopback for the Ray tests (the pack engine's, worker_method="ray"), and a source that
+shows which process read what.
 
 ``RayCluster.start(workdir)`` runs ``ray start --head`` and ``ray start --address=...`` (a second raylet),
-one CPU each, on 127.0.0.1, with a temporary directory of its own; ``stop()`` kills exactly the processes
-of that cluster (those naming its temporary directory, and their children: the workers), never another
-Ray on the machine (``ray stop`` would stop them all). Workers import this checkout (``PYTHONPATH``) and
-use their own fastloader cache. Nothing runs on import.
+one CPU each, on 127.0.0.1, with a temporary directory and ports of its own; ``stop_second_node()`` kills the
+second raylet's processes (a node lost); ``stop()`` kills exactly the processes of that cluster (those naming
+its temporary directory, and their children: the workers), never another Ray on the machine (``ray stop``
+would stop them all). Workers import this checkout (``PYTHONPATH``) and use their own fastloader cache.
+Nothing runs on import.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ class RayCluster:
         port = _free_port()
         cluster = cls(temp_dir, f"127.0.0.1:{port}")
         try:
-            head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}", HEALTH_CHECK]
+            head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}", HEALTH_CHECK,
+                    # ports of its own: two test modules may each run a cluster at once (make test's -n 2)
+                    f"--dashboard-port={_free_port()}"]  # fmt: skip
             _ray_start(head, env)
             before = {process.pid for process in cluster.processes()}
             _ray_start([f"--address={cluster.address}"], env)
