@@ -17,7 +17,9 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
   :class:`ImagePathError`; a sample leading outside its folder's or list's root under ``confine=True``:
   :class:`OutsideRoot`;
 * the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination);
-* GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device).
+* GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device);
+* Ray actors (``worker_method="ray"``): :class:`WorkersLost` (the cluster cannot go on) and
+  :class:`BatchKillsWorkers` (one batch killed the actors making it).
 
 No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
 """
@@ -153,3 +155,14 @@ class RequestDeadline(FastloaderError, TimeoutError):
 
 class CacheStuck(FastloaderError, TimeoutError):
     """A wait in the shard cache saw no progress for ``wait_s`` seconds; the message names the object."""
+
+
+class BatchKillsWorkers(FastloaderError, RuntimeError):
+    """One batch was being made by each of several workers when they died (``worker_method="ray"``): the
+    message names the batch (its epoch, its place in the order, its sample indices)."""
+
+
+class WorkersLost(FastloaderError, RuntimeError):
+    """Remote workers (``worker_method="ray"``) can make no progress: every actor died and the replacements
+    allowed are spent, or none could be placed on the cluster before the deadline. The message says which and
+    the last actor's error."""

@@ -166,6 +166,11 @@ def persistent_iterator(loader: DataLoader[Any]) -> Any:
     return loader._iterator
 
 
+def keep_persistent_iterator(loader: DataLoader[Any], iterator: Any) -> None:
+    """Make ``iterator`` the one torch keeps with persistent workers (what :func:`persistent_iterator` sees)."""
+    loader._iterator = iterator
+
+
 def drop_persistent_iterator(loader: DataLoader[Any]) -> None:
     """Forget the persistent iterator and shut its workers down: the next ``iter()`` starts new ones."""
     iterator, loader._iterator = loader._iterator, None

@@ -68,6 +68,7 @@ def test_every_exception_fastloader_defines_is_in_fastloader_errors() -> None:
 
 
 ERRORS = (
+    "BatchKillsWorkers",
     "CacheStuck",
     "CorruptJPEGError",
     "DecodeError",
@@ -84,6 +85,7 @@ ERRORS = (
     "TooManyBadSamples",
     "TruncatedBody",
     "UnsupportedJPEGError",
+    "WorkersLost",
 )
 
 

@@ -118,3 +118,38 @@ class Epochs(Dataset[int]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epochs.append(epoch)
+
+
+class MadeBy(Dataset[tuple[torch.Tensor, int, int]]):
+    """Item i is (a 3x4x4 uint8 image of i, i, the pid that made it), after ``delay`` seconds; with ``log_dir``
+    each index is appended to ``log_dir/<pid>.log`` first (which process was making what when it was killed)."""
+
+    def __init__(self, n: int = 60, delay: float = 0.0, log_dir: str | None = None) -> None:
+        self.n, self.delay, self.log_dir = n, delay, log_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if self.log_dir is not None:
+            with open(os.path.join(self.log_dir, f"{os.getpid()}.log"), "a") as log:
+                log.write(f"{i}\n")
+        time.sleep(self.delay)
+        return torch.full((3, 4, 4), i % 251, dtype=torch.uint8), i, os.getpid()
+
+
+class KillsItsProcess(Dataset[int]):
+    """Item ``bad`` SIGKILLs the process that reads it (a decoder crash); the others are their index."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            os.kill(os.getpid(), 9)
+        return i

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import default_convert
+from torch.utils.data import IterableDataset, default_convert
 
 from fastloader.loader.normalize import NormalizeSpec, NormalizingCollate
 from fastloader.samplers._epoch import check_nonnegative_int
@@ -55,6 +55,34 @@ def check_ledger(ledger: Any) -> None:
         raise ValueError(f"ledger must be None or a path, got {ledger!r}")
     if ledger is not None and not os.fspath(ledger):
         raise ValueError("ledger must be None or a path, got an empty one")
+
+
+def check_ray(
+    dataset: Any,
+    num_workers: Any,
+    batch_size: int | None,
+    batch_sampler: Any,
+    worker_init_fn: Any,
+    decode_on: str,
+    ledger: Any,
+) -> None:
+    """ValueError naming the argument that ``worker_method="ray"`` cannot take (yet)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"worker_method='ray' needs num_workers >= 1 (the number of Ray actors), got {num_workers!r}")
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(
+            "worker_method='ray' takes a map-style dataset (indices leased to actors), not an IterableDataset"
+        )
+    if batch_size is None and batch_sampler is None:
+        raise ValueError(
+            "worker_method='ray' makes whole batches: batch_size=None (one sample at a time) is not supported"
+        )
+    if worker_init_fn is not None:
+        raise ValueError("worker_init_fn runs in torch's worker processes: worker_method='ray' has none to run it in")
+    if decode_on != "cpu":
+        raise ValueError("decode_on='cuda' with worker_method='ray' is not supported: the actors decode on their CPUs")
+    if ledger is not None:
+        raise ValueError("ledger= is not supported with worker_method='ray' yet")
 
 
 def collate_for(

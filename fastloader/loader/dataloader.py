@@ -23,7 +23,14 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from fastloader.loader.arguments import advise_workers, check_extras, check_ledger, collate_for, dataset_for_decode
+from fastloader.loader.arguments import (
+    advise_workers,
+    check_extras,
+    check_ledger,
+    check_ray,
+    collate_for,
+    dataset_for_decode,
+)
 from fastloader.loader.autotune import Auto, provisional, tune
 from fastloader.loader.default_sampler import choose_sampler, rebuilt_with
 from fastloader.loader.device import DeviceLike, resolve_device
@@ -38,6 +45,7 @@ from fastloader.loader.runtime import LoaderRuntime
 from fastloader.loader.stage_stats import StageStats
 from fastloader.loader.torch_iter import make_iterator
 from fastloader.loader.workers import check_worker_method
+from fastloader.loader.workers.ray_options import RayWorkers, ray_workers
 from fastloader.torch_internals import drop_persistent_iterator, persistent_iterator
 
 T_co = TypeVar("T_co", covariant=True)
@@ -101,12 +109,16 @@ class DataLoaderX(DataLoader[T_co]):
             two runs with ``fastloader ledger diff`` (a resumed run against an uninterrupted one). ``{rank}`` in
             the path is replaced by the rank; without it, several ranks write ``PATH.rank{r}``. A resumed run
             appends to the same file. See ``fastloader.loader.ledger_writer`` and ``fastloader.ledger``.
-        worker_method: where the ``num_workers`` workers run: ``"process"`` (default), torch's worker processes;
+        worker_method: where the batches are made: ``"process"`` (default), torch's worker processes;
             ``"thread"``, threads of the training process, with torch's thread-worker semantics
             (``get_worker_info()`` per thread, ``worker_method="thread"``, its ``rng`` for
             ``torch.random.thread_safe_generator()``); ``multiprocessing_context`` must then be None. A thread
-            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process. See
-            ``fastloader.loader.workers``.
+            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process. ``"ray"``,
+            ``num_workers`` Ray actors placed across the Ray cluster this process is connected to (``ray.init``
+            by you, else ``address="auto"``), each making whole batches, every sample exactly once and in order,
+            with the state of ``"process"`` (``pip install fastloader[ray]``); a
+            :class:`~fastloader.loader.RayWorkers` to set where and how. See ``fastloader.loader.workers`` and
+            the guide, "Batches from other machines".
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).
@@ -150,9 +162,12 @@ class DataLoaderX(DataLoader[T_co]):
         stall_warning: float | None = 300.0,
         snapshot_every_n_steps: int | None = 1,
         ledger: str | os.PathLike[str] | None = None,
-        worker_method: str = "process",
+        worker_method: str | RayWorkers = "process",
     ) -> None:
         check_worker_method(worker_method, multiprocessing_context)
+        ray = ray_workers(worker_method)
+        if ray is not None:
+            check_ray(dataset, num_workers, batch_size, batch_sampler, worker_init_fn, decode_on, ledger)
         check_extras(max_prefetch, decode_on, distributed, seed, report_every, stall_warning, snapshot_every_n_steps)
         check_ledger(ledger)
         num_workers, prefetch_factor = provisional(num_workers, prefetch_factor)
@@ -192,7 +207,8 @@ class DataLoaderX(DataLoader[T_co]):
         self.channels_last = channels_last
         self.random_flip = random_flip
         self.decode_on = decode_on
-        advise_workers(num_workers)
+        if ray is None:
+            advise_workers(num_workers)  # Ray's actors run on the cluster's cores, not this rank's
         self.distributed = distributed
         self.seed = seed
         self.report_every = report_every
@@ -211,7 +227,8 @@ class DataLoaderX(DataLoader[T_co]):
             autotune=isinstance(num_workers, Auto) or isinstance(prefetch_factor, Auto),
             user_batch_sampler=batch_sampler is not None,
             ledger=None if ledger is None else os.fspath(ledger),
-            worker_method=worker_method,
+            worker_method="ray" if ray is not None else str(worker_method),
+            ray=ray,
         )
         self._cursor = ResumeCursor(self)  # the epoch and resume state (fastloader.loader.resume)
         self._runtime = LoaderRuntime()  # what the epochs make and keep (fastloader.loader.runtime)

@@ -47,10 +47,16 @@ def open_epoch(loader: DataLoaderX[Any]) -> PrefetchIterator:
     progress = cursor.begin(start, fresh)
     if plan.ledger is not None:
         progress.ledger = runtime.ledger_epoch(plan.ledger, loader.dataset, progress)
-    runtime.start_epoch(plan, workers=loader.num_workers > 0 and not plan.threads)
-    with on_device(plan.device):  # torch's pin-memory thread pins for the current device
-        source = DataLoader.__iter__(loader)
-    cursor.started_workers(progress, base_seed(source), fresh)
+    runtime.start_epoch(plan, workers=loader.num_workers > 0 and not plan.threads and plan.ray is None)
+    source: Any
+    if plan.ray is not None:  # Ray actors in place of torch's iterator and its workers (they stay for the next epoch)
+        from fastloader.loader.workers.ray_workers import open_ray_epoch
+
+        source = open_ray_epoch(loader, progress, plan.ray, fresh)
+    else:
+        with on_device(plan.device):  # torch's pin-memory thread pins for the current device
+            source = DataLoader.__iter__(loader)
+        cursor.started_workers(progress, base_seed(source), fresh)
     copier = runtime.copier_for(plan, loader.dataset, loader.collate_fn)
     reseed_flips(copier.finish if copier is not None else None, loader.collate_fn, flip_seed(progress.base_seed or 0))
     if runtime.decoder is not None and plan.to_cuda:

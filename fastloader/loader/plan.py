@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fastloader.loader.normalize import NormalizeSpec
+from fastloader.loader.workers.ray_options import RayWorkers
 
 # DataLoaderX's extras and local_rank: the plan (or the sampler chosen in __init__) is made of them
 PLANNED = frozenset(
@@ -53,11 +54,13 @@ class LoaderPlan:
     ledger: str | None = None  # where each rank's training loop's deliveries are recorded (ledger_writer.py)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
     batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
-    worker_method: str = "process"  # where the workers run: "process" or "thread" (fastloader.loader.workers)
+    worker_method: str = "process"  # where the workers run: "process", "thread" or "ray" (fastloader.loader.workers)
 
     @property
     def threads(self) -> bool:
         return self.worker_method == "thread"
+
+    ray: RayWorkers | None = None  # worker_method="ray": batches made by Ray actors (fastloader.loader.workers)
 
     @property
     def to_cuda(self) -> bool:

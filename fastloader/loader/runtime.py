@@ -4,10 +4,10 @@ besides its resume cursor (``fastloader.loader.resume``).
 The plan (``fastloader.loader.plan``) says what the loader does; the runtime holds what doing it needs across
 epochs: the stage clock's totals, the autotune's choice, the side stream's copier and the GPU decoder (made
 at the first ``iter()``, one per loader, never per epoch), the watchdog's stack directory, the CPU meter,
-the epoch being delivered, the delivery ledger's file, and the batch ring (``fastloader.loader.batch_slots``:
-made before the first workers start, kept while the batch shape fits). A copy of the loader (pickle,
-``copy.deepcopy``) keeps the totals and the choice and makes its own stream, decoder, directory, meter, ring
-and ledger file.
+the epoch being delivered, the delivery ledger's file, the Ray actors (``worker_method="ray"``), and the batch
+ring (``fastloader.loader.batch_slots``: made before the first workers start, kept while the batch shape fits).
+A copy of the loader (pickle, ``copy.deepcopy``) keeps the totals and the choice and makes its own stream,
+decoder, directory, meter, ring, ledger file and actors.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fastloader.loader.epoch_progress import Progress
     from fastloader.loader.ledger_writer import EpochLedger, LedgerWriter
     from fastloader.loader.prefetch_iterator import PrefetchIterator
+    from fastloader.loader.workers.ray_workers import RayPool
 
 
 class LoaderRuntime:
@@ -45,6 +46,7 @@ class LoaderRuntime:
         self.ring: LoaderRing | None = None  # the batch ring, made by the first iterator that can use one
         self.ledger: LedgerWriter | None = None  # ledger=: this rank's file, opened at the first iter()
         self._live: weakref.ref[PrefetchIterator] | None = None  # the epoch being delivered
+        self.ray_pool: RayPool | None = None  # worker_method="ray": the actors, started at the first iter()
 
     def start_epoch(self, plan: LoaderPlan, workers: bool) -> None:
         """Before an epoch's torch iterator exists: the CPU meter, and the stack directory its workers need."""
@@ -89,5 +91,5 @@ class LoaderRuntime:
         # Streams and weak references cannot be pickled or deep-copied; a copy makes its own.
         state = self.__dict__.copy()
         state.update(copier=None, decoder=None, _live=None, cpu_meter=None, stack_dir=None, report_mark=None, ring=None)
-        state.update(ledger=None)
+        state.update(ledger=None, ray_pool=None)
         return state

@@ -9,8 +9,9 @@ or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_wor
 epochs cut short), a worker SIGKILLed while idle or while blocked writing its result, a resume at a random
 batch of a random epoch, loaded in a fresh loader with another ``batch_size`` or ``num_workers``, or on another
 number of ranks (``ranks`` → ``resume_ranks``: simulated ranks in one process, each its own loader over the
-split of its rank), and ``worker_method`` ("process" or "thread", for the run and, independently, for the
-resumed loader: a state moves between the modes). Thread workers are not drawn with a sample or a signal that
+split of its rank), and ``worker_method`` ("process", "thread" or "ray", for the run and, independently, for the
+resumed loader: a state moves between the modes; "ray": actors that answer in any order and die now and then,
+inside this process, tests/oracle/fake_ray.py). Thread workers are not drawn with a sample or a signal that
 kills a worker: that would kill the test's process. Over the images: ``confine`` (reads confined to the
 folder's root) and ``outside_link`` (the folder holds a symbolic link, alone in its class, to an image outside
 the root).
@@ -82,7 +83,7 @@ def draw(seed: int) -> Case:
     policy = rng.choice(["raise", "skip", "replace"]) if dataset == "images" else "skip"
     if dataset == "killer_once":
         policy = rng.choice(["skip", "replace"])
-    persistent = workers > 0 and rng.random() < 0.5
+    persistent = workers > 0 and rng.random() < 1.0
     loop = rng.choice(["plain", "plain", "set_epoch", "cut"])
     # in_order=False: batches come as their workers finish; a cut epoch would keep whichever came first.
     in_order = dataset not in MAP_STYLE or workers < 2 or loop == "cut" or rng.random() < 0.7
@@ -130,6 +131,10 @@ def draw(seed: int) -> Case:
     turn = seed // len(DATASETS)
     confine = dataset == "images" and turn % 2 == 1
     outside_link = dataset == "images" and turn % 4 >= 2 and (policy != "skip" or batch_size > 1)
+    # A generator of its own: the axes above are those each seed drew before this axis existed.
+    if dataset in ("map", "images") and workers > 0 and ranks == 1 and random.Random(f"ray {seed}").random() < 0.5:
+        worker_method = "ray"
+        resume_worker_method = "ray" if resume_workers > 0 else "process"
     return Case(
         seed=seed,
         dataset=dataset,

@@ -129,7 +129,9 @@ def make_loader(
     if torch_loader:
         return DataLoader(dataset, **args)
     extras: dict[str, Any] = {"stall_warning": None}
-    extras["worker_method"] = case.worker_method if worker_method is None else worker_method
+    method = case.worker_method if worker_method is None else worker_method
+    # Ray actors make batches for workers > 0 only: without workers the loader runs in this process
+    extras["worker_method"] = "process" if method == "ray" and count == 0 else method
     if case.order == "seed":
         args["shuffle"] = True
         extras["seed"] = case.seed
@@ -209,6 +211,9 @@ def kill_a_worker(case: Case) -> Hook:
 
     def hook(iterator: Any, epoch: int, number: int) -> None:
         if case.kill != (epoch, number):
+            return
+        if case.worker_method == "ray":
+            iterator._source.pool.ray.kill_one()  # an actor of the fake cluster (tests/oracle/fake_ray.py)
             return
         workers = iterator._source._workers  # torch's iterator under the prefetch thread
         pids = [worker.pid for worker in workers]

@@ -21,6 +21,8 @@ where it is exact (every case but these); otherwise a small specification of the
 * ``worker_method="thread"``: torch's run (process workers), sample for sample, pixels included: a thread
   draws from its own generators (``get_worker_info().rng``; fastloader's transforms from its
   ``thread_safe_generator()``), seeded as a worker process's globals;
+* ``worker_method="ray"`` (actors inside this process, tests/oracle/fake_ray.py, answering in any order and dying
+  now and then): torch's run, keys only (the actors seed the samples' draws per batch, not per worker);
 * a resume (the state at a random batch of a random epoch, through JSON, loaded in a fresh loader made after
   another global seed, with another ``batch_size`` or ``num_workers`` where that is exact): the uninterrupted
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
@@ -48,7 +50,9 @@ from typing import Any
 import pytest
 
 from fastloader.errors import OutsideRoot
+from fastloader.loader.workers import ray_workers
 from tests.oracle.cases import UNRESUMABLE, Case, draw
+from tests.oracle.fake_ray import FakeRay
 from tests.oracle.runs import (
     KILLER_AT,
     LINK_LABEL,
@@ -106,8 +110,9 @@ def _timed_draws(case: Case) -> bool:
 def _draws_differ(case: Case) -> bool:
     """Whether the reference cannot know the samples' draws: a sample that kills its worker every time is
     tried alone and left out (its draws, and the probes', are not made in the reference's run); with
-    ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from."""
-    return case.dataset == "killer_always" or not case.in_order
+    ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from;
+    Ray actors seed them per batch, not per worker."""
+    return case.dataset == "killer_always" or not case.in_order or case.worker_method == "ray"
 
 
 def _per_sample_draws(case: Case) -> bool:
@@ -237,9 +242,12 @@ def check_ranks(case: Case, world: World) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", _seeds())
-def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path) -> None:
+def test_drawn_configuration_delivers_the_reference(seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     case = draw(seed)
     world = World(case, tmp_path)
+    if case.worker_method == "ray":
+        fake = FakeRay(seed, deaths=2)
+        monkeypatch.setattr(ray_workers, "import_ray", lambda: fake)
     try:
         if case.ranks > 1 or case.resume_ranks > 1:
             check_ranks(case, world)
@@ -262,7 +270,7 @@ def test_the_draws_cover_every_axis() -> None:
     assert seen["order"] >= {"sequential", "shuffle", "generator", "seed", "weighted", "distributed"}
     assert seen["order"] >= {"numpy", "tuples", "arrays"}
     assert seen["workers"] == {0, 1, 2, 3}
-    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread"}
+    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread", "ray"}
     assert seen["persistent"] == {False, True} and seen["in_order"] == {False, True}
     assert seen["drop_last"] == {False, True} and seen["cache"] == {False, True} and seen["exact"] == {False, True}
     assert seen["policy"] >= {"raise", "skip", "replace"}
@@ -277,3 +285,4 @@ def test_the_draws_cover_every_axis() -> None:
     assert {(case.confine, case.outside_link) for case in images} == {
         (c, o) for c in (False, True) for o in (False, True)
     }
+    assert any(case.worker_method == "ray" and case.resume for case in cases)

@@ -1,10 +1,12 @@
-"""A real Ray cluster on loopback for the Ray pack tests, and a source that shows which process read what.
+"""A real Ray cluster on loopback for the Ray tests (the pack engine's, worker_method="ray"), and a source that
+shows which process read what.
 
 ``RayCluster.start(workdir)`` runs ``ray start --head`` and ``ray start --address=...`` (a second raylet),
-one CPU each, on 127.0.0.1, with a temporary directory of its own; ``stop()`` kills exactly the processes
-of that cluster (those naming its temporary directory, and their children: the workers), never another
-Ray on the machine (``ray stop`` would stop them all). Workers import this checkout (``PYTHONPATH``) and
-use their own fastloader cache. Nothing runs on import.
+one CPU each, on 127.0.0.1, with a temporary directory and ports of its own; ``stop_second_node()`` kills the
+second raylet's processes (a node lost); ``stop()`` kills exactly the processes of that cluster (those naming
+its temporary directory, and their children: the workers), never another Ray on the machine (``ray stop``
+would stop them all). Workers import this checkout (``PYTHONPATH``) and use their own fastloader cache.
+Nothing runs on import.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ RAY_BIN = Path(sys.executable).parent / "ray"
 # For the cluster and its drivers: no usage report, and no token auth (which a ~/.ray/auth_token left by any
 # earlier local ray.init() would switch on for the head alone, and the second raylet then cannot join).
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+# A node that stops answering is declared dead after about 3 s, not Ray's 15 (the node-loss tests wait for it).
+HEALTH_CHECK = '--system-config={"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
 
 
 def _free_port() -> int:
@@ -52,6 +56,7 @@ def _ray_start(args: list[str], env: dict[str, str]) -> None:
 class RayCluster:
     temp_dir: Path
     address: str
+    second: frozenset[int] = frozenset()  # the processes the second raylet's ``ray start`` left running
 
     @classmethod
     def start(cls, cache: Path) -> RayCluster:
@@ -61,9 +66,13 @@ class RayCluster:
         port = _free_port()
         cluster = cls(temp_dir, f"127.0.0.1:{port}")
         try:
-            head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+            head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}", HEALTH_CHECK,
+                    # ports of its own: two test modules may each run a cluster at once (make test's -n 2)
+                    f"--dashboard-port={_free_port()}"]  # fmt: skip
             _ray_start(head, env)
+            before = {process.pid for process in cluster.processes()}
             _ray_start([f"--address={cluster.address}"], env)
+            cluster.second = frozenset(process.pid for process in cluster.processes()) - before
         except BaseException:
             cluster.stop()
             raise
@@ -82,15 +91,30 @@ class RayCluster:
         found.pop(os.getpid(), None)
         return list(found.values())
 
+    def stop_second_node(self) -> None:
+        """SIGKILL the second raylet and every process of its node (its workers with it): a node lost."""
+        self._kill(
+            [process for process in self.processes() if process.pid in self.second or self._under_second(process)]
+        )
+
+    def _under_second(self, process: psutil.Process) -> bool:
+        try:
+            return any(parent.pid in self.second for parent in process.parents())
+        except psutil.NoSuchProcess:
+            return False
+
     def stop(self) -> None:
-        processes = self.processes()
+        self._kill(self.processes())
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    @staticmethod
+    def _kill(processes: list[psutil.Process]) -> None:
         for process in processes:
             try:
                 process.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(processes, timeout=30)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 class LoggedSource(WrappedSource):

@@ -19,20 +19,25 @@ made and spoken to. Its interface is the one torch's iterator already speaks to 
 ``threads`` (true for a backend whose workers are this process) tells the iterator no child process exists.
 The backends: ``"process"``, torch's own processes (``torch.multiprocessing`` or the user's
 ``multiprocessing_context``; the default) and ``"thread"``, threads of the training process
-(:mod:`fastloader.loader.workers.thread`).
+(:mod:`fastloader.loader.workers.thread`). ``"ray"`` (or a :class:`~fastloader.loader.RayWorkers`) replaces
+torch's iterator and its workers altogether: Ray actors make whole batches for leases the training process
+hands out (``lease_book.py``: exactly once, in order; ``ray_workers.py`` the actors' pool and an epoch over it,
+``ray_actor.py`` what runs in an actor, ``ray_options.py`` RayWorkers).
 """
 
 from __future__ import annotations
 
-WORKER_METHODS = ("process", "thread")
+from fastloader.loader.workers.ray_options import RayWorkers
+
+WORKER_METHODS = ("process", "thread", "ray")
 
 
 def check_worker_method(worker_method: object, multiprocessing_context: object) -> None:
     """ValueError naming ``worker_method`` unless it is one of :data:`WORKER_METHODS`; thread workers refuse a
     ``multiprocessing_context`` (they start no process)."""
-    if worker_method not in WORKER_METHODS:
+    if worker_method not in WORKER_METHODS and not isinstance(worker_method, RayWorkers):
         allowed = ", ".join(repr(method) for method in WORKER_METHODS)
-        raise ValueError(f"worker_method must be one of {allowed}, got {worker_method!r}")
+        raise ValueError(f"worker_method must be one of {allowed} or a RayWorkers, got {worker_method!r}")
     if worker_method == "thread" and multiprocessing_context is not None:
         raise ValueError(
             "multiprocessing_context has no use with worker_method='thread' (the workers are threads of this"
