@@ -136,6 +136,27 @@ def test_an_image_folder_gives_process_modes_pixels_epoch_after_epoch(cluster: R
     assert stages["decode"]["total_s"] > 0 and stages["handoff"]["total_s"] > 0  # the actors' stages, timed
 
 
+def test_random_crops_under_seed_are_process_and_thread_modes_pixel_for_pixel(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    """seed=: each sample's crop and flip from (seed, epoch, index), whichever actor, worker or thread made it."""
+    write_image_folder(tmp_path / "images", count=20)
+    transform = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])
+    dataset = ImageFolder(tmp_path / "images", transform=transform)
+    settings: dict[str, Any] = {"batch_size": 4, "shuffle": True, "seed": 3, "num_workers": 2}
+    runs = {}
+    for method in ("process", "thread", "ray"):
+        loader = DataLoaderX(dataset, **settings, worker_method=method)
+        runs[method] = [[(images.clone(), labels.clone()) for images, labels in loader] for _ in range(2)]
+        if method == "ray":
+            _stopped(loader)
+    for method in ("thread", "ray"):
+        for epoch in range(2):
+            for (images, labels), (want, want_labels) in zip(runs[method][epoch], runs["process"][epoch], strict=True):
+                assert torch.equal(labels, want_labels) and torch.equal(images, want), f"{method}, epoch {epoch}"
+    assert not torch.equal(runs["ray"][0][0][0], runs["ray"][1][0][0])  # another epoch, other crops
+
+
 def test_a_bad_image_in_an_actor_follows_the_error_policy(cluster: RayCluster, tmp_path: Path) -> None:
     write_image_folder(tmp_path / "images", count=11)
     (tmp_path / "images" / "class_0" / "bad.jpg").write_bytes(b"\xff\xd8 not a jpeg")
