@@ -17,7 +17,8 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
   :class:`ImagePathError`; a sample leading outside its folder's or list's root under ``confine=True``:
   :class:`OutsideRoot`;
 * the pack tool: :class:`DestinationLocked` (another ``fastloader pack`` writes into that destination);
-* GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device).
+* GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device);
+* the loader: :class:`PipelineLost` (the process of a ``worker_method="subprocess"`` loader died).
 
 No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
 """
@@ -149,6 +150,12 @@ class TruncatedBody(FastloaderError, OSError):
 
 class RequestDeadline(FastloaderError, TimeoutError):
     """A remote request still unfinished at its deadline (a server trickling bytes); retried like a timeout."""
+
+
+class PipelineLost(FastloaderError, RuntimeError):
+    """The process of a ``worker_method="subprocess"`` loader died (killed, crashed): the message names the mode,
+    its pid and how it ended. Its batches in flight are lost; the loader's state is still where the training
+    loop was (``state_dict()`` resumes from there)."""
 
 
 class CacheStuck(FastloaderError, TimeoutError):

@@ -10,9 +10,9 @@ where it is exact (every case but these); otherwise a small specification of the
   without that sample; a worker SIGKILLed while idle: torch's run;
 * the decoded cache: torch's run over the same dataset without a cache;
 * ``in_order=False``: the same samples each epoch, in any order;
-* ``worker_method="thread"``: torch's run (process workers), sample for sample: a thread draws from its own
-  generators (``get_worker_info().rng``), seeded as a worker process's globals; but fastloader's random
-  transforms draw from the process's global generators, shared by the threads: the images' keys only;
+* ``worker_method="thread"`` and ``"subprocess"`` (thread workers in one child process): torch's run (process
+  workers), sample for sample: a thread draws from its own generators (``get_worker_info().rng``, which
+  fastloader's random transforms draw from too), seeded as a worker process's globals;
 * a resume (the state at a random batch of a random epoch, through JSON, loaded in a fresh loader made after
   another global seed, with another ``batch_size`` or ``num_workers`` where that is exact): the uninterrupted
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
@@ -90,8 +90,7 @@ def _draws_differ(case: Case) -> bool:
     """Whether the reference cannot know the samples' draws: a sample that kills its worker every time is
     tried alone and left out (its draws, and the probes', are not made in the reference's run); with
     ``in_order=False`` a batch goes to the least busy worker (torch's rule too), whose generators it draws from."""
-    threads = "thread" in (case.worker_method, case.resume_worker_method)
-    return case.dataset == "killer_always" or not case.in_order or (threads and case.dataset == "images")
+    return case.dataset == "killer_always" or not case.in_order
 
 
 def _same(case: Case, got: list[Record], expected: list[Record], keys_only: bool = False) -> bool:
@@ -233,7 +232,7 @@ def test_the_draws_cover_every_axis() -> None:
     assert seen["order"] >= {"sequential", "shuffle", "generator", "seed", "weighted", "distributed"}
     assert seen["order"] >= {"numpy", "tuples", "arrays"}
     assert seen["workers"] == {0, 1, 2, 3}
-    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread"}
+    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread", "subprocess"}
     assert seen["persistent"] == {False, True} and seen["in_order"] == {False, True}
     assert seen["drop_last"] == {False, True} and seen["cache"] == {False, True} and seen["exact"] == {False, True}
     assert seen["policy"] >= {"raise", "skip", "replace"}

@@ -17,19 +17,25 @@ made and spoken to. Its interface is the one torch's iterator already speaks to 
   how a worker is (the watchdog names it).
 
 ``threads`` (true for a backend whose workers are this process) tells the iterator no child process exists.
+A backend whose workers share one process (``"subprocess"``) answers for it from each worker: the same
+``pid``, and one death for all; the wait for results then goes through a recovery hook
+(``torch_internals.WorkerRecovery``) that names the lost process instead of torch's message.
+
 The backends: ``"process"``, torch's own processes (``torch.multiprocessing`` or the user's
-``multiprocessing_context``; the default) and ``"thread"``, threads of the training process
-(:mod:`fastloader.loader.workers.thread`).
+``multiprocessing_context``; the default), ``"thread"``, threads of the training process
+(:mod:`fastloader.loader.workers.thread`), and ``"subprocess"``, those threads in one child process that owns the
+whole pipeline, only finished batches crossing (:mod:`fastloader.loader.workers.subprocess`).
 """
 
 from __future__ import annotations
 
-WORKER_METHODS = ("process", "thread")
+WORKER_METHODS = ("process", "thread", "subprocess")
 
 
 def check_worker_method(worker_method: object, multiprocessing_context: object) -> None:
     """ValueError naming ``worker_method`` unless it is one of :data:`WORKER_METHODS`; thread workers refuse a
-    ``multiprocessing_context`` (they start no process)."""
+    ``multiprocessing_context`` (they start no process); the subprocess pipeline takes it as the way its one
+    process starts."""
     if worker_method not in WORKER_METHODS:
         allowed = ", ".join(repr(method) for method in WORKER_METHODS)
         raise ValueError(f"worker_method must be one of {allowed}, got {worker_method!r}")
