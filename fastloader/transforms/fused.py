@@ -335,7 +335,11 @@ class RandomHorizontalFlip(FusedTransform):
 
     def _apply(self, image: Any) -> Any:
         functional, _ = _torchvision("bilinear")
-        return functional.hflip(image) if torch.rand(1, generator=torch.random.thread_safe_generator()).item() < self.p else image
+        return (
+            functional.hflip(image)
+            if torch.rand(1, generator=torch.random.thread_safe_generator()).item() < self.p
+            else image
+        )
 
     def _size_after(self, size: Size | None) -> Size | None:
         return size

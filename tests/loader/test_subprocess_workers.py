@@ -241,7 +241,10 @@ def test_a_killed_pipeline_is_a_clear_error_not_a_hang() -> None:
     _, where = next(iterator)
     pid = int(where[0])
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(PipelineLost, match=rf"worker_method='subprocess' pipeline process \(pid {pid}\) died \(killed by signal SIGKILL\)"):
+    with pytest.raises(
+        PipelineLost,
+        match=rf"worker_method='subprocess' pipeline process \(pid {pid}\) died \(killed by signal SIGKILL\)",
+    ):
         for _ in iterator:
             pass
 
@@ -269,5 +272,10 @@ def test_the_pipeline_dies_with_the_training_process() -> None:
 def test_the_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="worker_method must be one of 'process', 'thread', 'subprocess'"):
         DataLoaderX(Numbers(), worker_method="subprocesses")
-    assert sys.platform != "linux" or DataLoaderX(Numbers(), num_workers=1, worker_method="subprocess",
-                                                  multiprocessing_context="spawn").multiprocessing_context is not None
+    assert (
+        sys.platform != "linux"
+        or DataLoaderX(
+            Numbers(), num_workers=1, worker_method="subprocess", multiprocessing_context="spawn"
+        ).multiprocessing_context
+        is not None
+    )

@@ -284,7 +284,9 @@ def test_timeout_raises_as_torch() -> None:
 
 
 def test_the_arguments_are_checked() -> None:
-    with pytest.raises(ValueError, match="worker_method must be one of 'process', 'thread', 'subprocess', got 'threads'"):
+    with pytest.raises(
+        ValueError, match="worker_method must be one of 'process', 'thread', 'subprocess', got 'threads'"
+    ):
         DataLoaderX(Numbers(), worker_method="threads")
     with pytest.raises(ValueError, match="multiprocessing_context has no use with worker_method='thread'"):
         DataLoaderX(Numbers(), num_workers=2, worker_method="thread", multiprocessing_context="spawn")

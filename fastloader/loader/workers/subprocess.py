@@ -24,10 +24,10 @@ worker processes). Inside, the workers are thread workers: ``get_worker_info()``
 ``worker_method="thread"`` and its ``rng``, and the same draws as in the other modes.
 
 Lifetimes: the child dies with the training process: a watchdog thread in it exits the process when the pipe the
-training process holds open reaches EOF (:func:`_die_with_parent`). A child that dies (SIGKILL, a crash in a sample) is seen while the training process waits for a
-batch: the wait looks at the child every :data:`POLL_S` seconds and raises :class:`~fastloader.errors.PipelineLost`
-naming the mode, never hangs. A dataset's exception is re-raised as torch re-raises a worker's, with the
-original traceback's text and the worker's id.
+training process holds open reaches EOF (:func:`_die_with_parent`). A child that dies (SIGKILL, a crash in a
+sample) is seen while the training process waits for a batch: the wait looks at the child every :data:`POLL_S`
+seconds and raises :class:`~fastloader.errors.PipelineLost` naming the mode, never hangs. A dataset's exception
+is re-raised as torch re-raises a worker's, with the original traceback's text and the worker's id.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class PipelineWatch:
                 self._check()
                 if time.monotonic() >= deadline:
                     return False, None
-            except (OSError, EOFError) as error:  # a batch's shared memory its dead sender cannot hand over
+            except (OSError, EOFError):  # a batch's shared memory its dead sender cannot hand over
                 self._check()
                 raise
 
