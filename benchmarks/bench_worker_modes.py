@@ -4,8 +4,9 @@ Data: ``--images`` ImageNet-like photos (``fastloader.sample``), read as fastloa
 pack of the same folder (``fastloader.pack``), with the train pipeline (RandomResizedCrop(224) + flip, uint8
 batches of ``--batch-size``), ``--workers`` workers, persistent. Every trial is a process of its own.
 
-* **feed** (per data and mode: process under fork, process under forkserver, thread, subprocess): the loader is
-  made and run for ``--epochs`` epochs as fast as the loop takes batches (no step). Memory: the PSS of the whole
+* **feed** (per data and mode: process under fork, process under forkserver, thread, subprocess; ``--repeats``
+  times, A B A B, medians): the loader is made and run for ``--epochs`` epochs as fast as the loop takes batches
+  (no step). Memory: the PSS of the whole
   process tree (this process and every descendant: the fork server and the pipeline's child too), its peak while
   the loader runs, minus the PSS before the loader was made (``added_pss_mb``). Speed: images/s after the first
   batch. The training process's CPU: its own CPU seconds (every thread of it, none of its children) per 1,000
@@ -197,9 +198,19 @@ def run_trial(kind: str, mode: str, data: str, path: str, args: argparse.Namespa
     return result
 
 
+def _medians(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the repeats, and every repeat's figures."""
+    return {**{key: statistics.median(t[key] for t in trials) for key in trials[0]}, "repeats": trials}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     paths = make_data(args.images)
-    feed = {data: {mode: run_trial("feed", mode, data, paths[data], args) for mode in MODES} for data in DATA}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {data: {mode: [] for mode in MODES} for data in DATA}
+    for _ in range(args.repeats):  # A B A B: every repeat runs every mode
+        for data in DATA:
+            for mode in MODES:
+                runs[data][mode].append(run_trial("feed", mode, data, paths[data], args))
+    feed = {data: {mode: _medians(trials) for mode, trials in modes.items()} for data, modes in runs.items()}
     launch = {
         data: {
             mode: run_trial("launch", mode, data, paths[data], args)
@@ -230,6 +241,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2, help="feed trials: epochs measured")
+    parser.add_argument("--repeats", type=int, default=3, help="feed trials: runs of every mode (medians)")
     parser.add_argument("--rounds", type=int, default=5, help="launch trials: loader windows")
     parser.add_argument("--window", type=float, default=3.0, help="launch trials: seconds per window")
     parser.add_argument("--rate", type=float, default=48.0, help="launch trials: images/s taken from the loader")

@@ -101,8 +101,11 @@ class DataLoaderX(DataLoader[T_co]):
             ``"thread"``, threads of the training process, with torch's thread-worker semantics
             (``get_worker_info()`` per thread, ``worker_method="thread"``, its ``rng`` for
             ``torch.random.thread_safe_generator()``); ``multiprocessing_context`` must then be None. A thread
-            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process. See
-            ``fastloader.loader.workers``.
+            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process.
+            ``"subprocess"``: those threads, the collate and the batch ring's writes in one child process
+            (started by ``multiprocessing_context``, default ``"forkserver"``); only finished batches cross into
+            the training process, for launch-bound GPU training. A killed child raises
+            ``fastloader.errors.PipelineLost``. See ``fastloader.loader.workers``.
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).

@@ -145,23 +145,32 @@ def test_batches_are_the_other_modes(case: str) -> None:
     assert runs["subprocess"] == runs["process"] == runs["thread"]
 
 
-def test_image_batches_cross_through_the_batch_ring() -> None:
-    """fastloader's decoded batches are written into ring slots in the child and arrive as views of them: the
-    same random crops as process mode (seed=), and every pixel as a fresh decode gives it."""
-    got = {}
-    for method in ("process", "subprocess"):
-        torch.manual_seed(5)  # the workers' seeds: torch's base seed, from the global generator
-        loader = DataLoaderX(photos(40, TRAIN), batch_size=4, shuffle=True, seed=3, num_workers=2, worker_method=method)
-        batches, viewed = [], 0
-        for _ in range(2):
-            for images, labels in loader:
-                viewed += in_ring(loader, images)
-                batches.append((images.clone(), labels.clone()))
-        stats = loader.stats()["batch_ring"]
-        assert viewed == 20 and stats["fresh"] == 0 and stats["reused"] == 20, method
-        got[method] = batches
-    pairs = zip(got["process"], got["subprocess"], strict=True)
+def _train_batches(method: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, dict[str, Any] | None]:
+    """Two epochs of random crops (cloned), how many batches viewed the batch ring, and its stats."""
+    torch.manual_seed(5)  # the workers' seeds: torch's base seed, from the global generator
+    loader = DataLoaderX(photos(40, TRAIN), batch_size=4, shuffle=True, seed=3, num_workers=2, worker_method=method)
+    batches, viewed = [], 0
+    for _ in range(2):
+        for images, labels in loader:
+            viewed += in_ring(loader, images)
+            batches.append((images.clone(), labels.clone()))
+    return batches, viewed, loader.stats()["batch_ring"]
+
+
+@pytest.mark.parametrize("method", ["subprocess", "thread"])
+def test_random_crops_are_process_modes(method: str) -> None:
+    """fastloader's transforms draw from a thread worker's own generator: the same crops as worker processes."""
+    expected, _, _ = _train_batches("process")
+    got, _, _ = _train_batches(method)
+    pairs = zip(expected, got, strict=True)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
+
+
+def test_image_batches_cross_through_the_batch_ring() -> None:
+    """fastloader's decoded batches are written into ring slots in the child and arrive as views of them, every
+    pixel as a fresh decode gives it."""
+    _, viewed, stats = _train_batches("subprocess")
+    assert stats is not None and viewed == 20 and stats["fresh"] == 0 and stats["reused"] == 20
     dataset = photos(40)
     reference = Reference(dataset)
     for images, labels in DataLoaderX(dataset, batch_size=4, shuffle=True, num_workers=2, worker_method="subprocess"):

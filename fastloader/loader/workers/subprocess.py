@@ -59,7 +59,7 @@ class SubprocessBackend:
     threads = False  # a child process exists (torch_internals.MultiProcessIterStartingAt)
 
     def __init__(self, context: Any = None) -> None:
-        self._context = torch.multiprocessing.get_context(DEFAULT_START) if context is None else context
+        self._context: Any = torch.multiprocessing.get_context(DEFAULT_START) if context is None else context
         self._pending: list[tuple[Any, ...]] = []
         self.process: Any = None  # the child, once the last worker's arguments arrived
         self._alive: Any = None  # the write end of the pipe the child's watchdog reads
