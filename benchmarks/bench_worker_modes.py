@@ -205,34 +205,40 @@ def _medians(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     paths = make_data(args.images)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {data: {mode: [] for mode in MODES} for data in DATA}
-    for _ in range(args.repeats):  # A B A B: every repeat runs every mode
-        for data in DATA:
-            for mode in MODES:
-                runs[data][mode].append(run_trial("feed", mode, data, paths[data], args))
-    feed = {data: {mode: _medians(trials) for mode, trials in modes.items()} for data, modes in runs.items()}
-    launch = {
-        data: {
-            mode: run_trial("launch", mode, data, paths[data], args)
-            for mode in LAUNCH
-            if data == "folder" or mode != "torch"
+    results: dict[str, Any] = {"figures": {data: {} for data in DATA}}
+    if "feed" in args.parts:
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {data: {mode: [] for mode in MODES} for data in DATA}
+        for _ in range(args.repeats):  # A B A B: every repeat runs every mode
+            for data in DATA:
+                for mode in MODES:
+                    runs[data][mode].append(run_trial("feed", mode, data, paths[data], args))
+        results["feed"] = {
+            data: {mode: _medians(trials) for mode, trials in modes.items()} for data, modes in runs.items()
         }
-        for data in DATA
-    }
-    figures: dict[str, Any] = {}
-    for data in DATA:
-        f, lt = feed[data], launch[data]
-        figures[data] = {
-            "thread_memory_vs_process_fork": f["thread"]["added_pss_mb"] / f["process"]["added_pss_mb"],
-            "forkserver_memory_vs_fork": f["process forkserver"]["added_pss_mb"] / f["process"]["added_pss_mb"],
-            "subprocess_memory_vs_process_fork": f["subprocess"]["added_pss_mb"] / f["process"]["added_pss_mb"],
-            "thread_throughput_vs_process": f["thread"]["images_per_s"] / f["process"]["images_per_s"],
-            "subprocess_throughput_vs_process": f["subprocess"]["images_per_s"] / f["process"]["images_per_s"],
-            "subprocess_main_cpu_vs_process": f["subprocess"]["main_cpu_s_per_1000_images"]
-            / f["process"]["main_cpu_s_per_1000_images"],
-            "launch_step_ratio": {mode: r["ratio_median"] for mode, r in lt.items()},
+        for data, f in results["feed"].items():
+            results["figures"][data].update(
+                thread_memory_vs_process_fork=f["thread"]["added_pss_mb"] / f["process"]["added_pss_mb"],
+                forkserver_memory_vs_fork=f["process forkserver"]["added_pss_mb"] / f["process"]["added_pss_mb"],
+                subprocess_memory_vs_process_fork=f["subprocess"]["added_pss_mb"] / f["process"]["added_pss_mb"],
+                thread_throughput_vs_process=f["thread"]["images_per_s"] / f["process"]["images_per_s"],
+                subprocess_throughput_vs_process=f["subprocess"]["images_per_s"] / f["process"]["images_per_s"],
+                subprocess_main_cpu_vs_process=f["subprocess"]["main_cpu_s_per_1000_images"]
+                / f["process"]["main_cpu_s_per_1000_images"],
+                subprocess_main_cpu_vs_thread=f["subprocess"]["main_cpu_s_per_1000_images"]
+                / f["thread"]["main_cpu_s_per_1000_images"],
+            )
+    if "launch" in args.parts:
+        results["launch"] = {
+            data: {
+                mode: run_trial("launch", mode, data, paths[data], args)
+                for mode in LAUNCH
+                if data == "folder" or mode != "torch"
+            }
+            for data in DATA
         }
-    return {"feed": feed, "launch": launch, "figures": figures}
+        for data, lt in results["launch"].items():
+            results["figures"][data]["launch_step_ratio"] = {mode: r["ratio_median"] for mode, r in lt.items()}
+    return results
 
 
 def parse_args() -> argparse.Namespace:
@@ -246,6 +252,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=3.0, help="launch trials: seconds per window")
     parser.add_argument("--rate", type=float, default=48.0, help="launch trials: images/s taken from the loader")
     parser.add_argument("--settle", type=float, default=3.0, help="launch trials: s for the loader to idle again")
+    parser.add_argument("--parts", nargs="+", choices=["feed", "launch"], default=["feed", "launch"])
     parser.add_argument("--trial", choices=["feed", "launch"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
