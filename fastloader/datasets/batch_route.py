@@ -35,17 +35,19 @@ def whole_batch(
 ) -> list[Any] | None:
     """Items ``indices`` decoded at once into ``pixels`` (:func:`decode_batch`): their labels, or None where
     the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
-    rare) and given up at its first failure, torch's random state put back: image by image, the policy then
-    handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
-    excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
-    state = None if dataset._errors is None else torch.get_rng_state()
+    rare) and given up at its first failure, the random state put back (of the generator the plans draw from: a
+    thread worker's own, else torch's global one): image by image, the policy then handles each sample as it would
+    have, with the same random draws. (A batch holding a sample the policy excludes never comes here:
+    ``__getitems__`` sends it image by image from the start.)"""
+    generator = torch.random.thread_safe_generator()  # what the crop plans draw from (a thread worker's own)
+    state = None if dataset._errors is None else (generator or torch.default_generator).get_state()
     try:
         decode_batch(dataset.source, fused, indices, pixels, dataset._decode_threads)
         return [dataset._label(index) for index in indices]
     except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
         if state is None:
             raise
-        torch.set_rng_state(state)
+        (generator or torch.default_generator).set_state(state)
         return None
 
 

@@ -145,10 +145,16 @@ def test_batches_are_the_other_modes(case: str) -> None:
     assert runs["subprocess"] == runs["process"] == runs["thread"]
 
 
-def _train_batches(method: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, dict[str, Any] | None]:
-    """Two epochs of random crops (cloned), how many batches viewed the batch ring, and its stats."""
+def _train_batches(
+    method: str, bad: frozenset[int] = frozenset()
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, dict[str, Any] | None]:
+    """Two epochs of random crops (cloned), how many batches viewed the batch ring, and its stats; ``bad``
+    samples are corrupt and skipped."""
     torch.manual_seed(5)  # the workers' seeds: torch's base seed, from the global generator
-    loader = DataLoaderX(photos(40, TRAIN), batch_size=4, shuffle=True, seed=3, num_workers=2, worker_method=method)
+    dataset = photos(40, TRAIN, corrupt=bad)
+    if bad:
+        dataset.set_error_policy("skip")
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=3, num_workers=2, worker_method=method)
     batches, viewed = [], 0
     for _ in range(2):
         for images, labels in loader:
@@ -157,11 +163,13 @@ def _train_batches(method: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor]]
     return batches, viewed, loader.stats()["batch_ring"]
 
 
+@pytest.mark.parametrize("bad", [frozenset(), frozenset({5, 17})], ids=["good", "bad samples skipped"])
 @pytest.mark.parametrize("method", ["subprocess", "thread"])
-def test_random_crops_are_process_modes(method: str) -> None:
-    """fastloader's transforms draw from a thread worker's own generator: the same crops as worker processes."""
-    expected, _, _ = _train_batches("process")
-    got, _, _ = _train_batches(method)
+def test_random_crops_are_process_modes(method: str, bad: frozenset[int]) -> None:
+    """fastloader's transforms draw from a thread worker's own generator: the same crops as worker processes, also
+    where a batch with a bad sample is decoded again image by image (its draws made again)."""
+    expected, _, _ = _train_batches("process", bad)
+    got, _, _ = _train_batches(method, bad)
     pairs = zip(expected, got, strict=True)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
 
