@@ -20,6 +20,7 @@ the built-in exception a caller would catch without knowing fastloader (``ValueE
 * GPU decode: :class:`JpegDecoderUnavailable` (no JPEG decoder works on the device);
 * Ray actors (``worker_method="ray"``): :class:`WorkersLost` (the cluster cannot go on) and
   :class:`BatchKillsWorkers` (one batch killed the actors making it).
+* the loader: :class:`PipelineLost` (the process of a ``worker_method="subprocess"`` loader died).
 
 No secret reaches a message of a :class:`RemoteError`: its text goes through :func:`redact`.
 """
@@ -151,6 +152,12 @@ class TruncatedBody(FastloaderError, OSError):
 
 class RequestDeadline(FastloaderError, TimeoutError):
     """A remote request still unfinished at its deadline (a server trickling bytes); retried like a timeout."""
+
+
+class PipelineLost(FastloaderError, RuntimeError):
+    """The process of a ``worker_method="subprocess"`` loader died (killed, crashed): the message names the mode,
+    its pid and how it ended. Its batches in flight are lost; the loader's state is still where the training
+    loop was (``state_dict()`` resumes from there)."""
 
 
 class CacheStuck(FastloaderError, TimeoutError):

@@ -115,12 +115,11 @@ def current() -> Fetch | None:
 
 def generator(index: int) -> torch.Generator | None:
     """The generator sample ``index``'s fastloader transforms draw from: this thread's, seeded from the sample's
-    key. Without ``seed=``: a thread worker's own generator (``torch.random.thread_safe_generator()``: the
-    thread draws as a worker process draws from its global one), else None (torch's global generator, as
-    torch's loader). Valid until the next call."""
+    key; None without ``seed=`` (the worker's generator, as torch's loader: ``FusedTransform.plan``). Valid until
+    the next call."""
     fetch = _LOCAL.fetch
     if fetch is None:
-        return torch.random.thread_safe_generator()
+        return None
     own = _LOCAL.generator
     if own is None:
         own = _LOCAL.generator = torch.Generator()

@@ -80,6 +80,7 @@ ERRORS = (
     "MissingField",
     "ObjectChanged",
     "OutsideRoot",
+    "PipelineLost",
     "RemoteError",
     "RequestDeadline",
     "TooManyBadSamples",
@@ -104,4 +105,5 @@ def test_the_errors_are_fastloader_errors_and_importable_from_one_place() -> Non
     assert issubclass(errors.RemoteError, OSError) and issubclass(errors.CacheStuck, TimeoutError)
     assert issubclass(errors.RequestDeadline, TimeoutError)  # retried as a timeout is
     assert issubclass(errors.ImagePathError, OSError)
+    assert issubclass(errors.PipelineLost, RuntimeError)  # as torch's "DataLoader worker ... exited unexpectedly"
     assert issubclass(errors.MissingField, errors.FormatError) and issubclass(errors.FormatError, ValueError)

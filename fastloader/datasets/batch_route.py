@@ -34,24 +34,19 @@ _BATCH_BYTES = 16 << 20
 def whole_batch(pipeline: Pipeline, indices: Sequence[int], pixels: np.ndarray) -> list[Any] | None:
     """Items ``indices`` decoded at once into ``pixels`` (:func:`decode_batch`): their labels, or None where
     the batch must go image by image. Under an error policy the batch is tried at once first (bad samples are
-    rare) and given up at its first failure, torch's random state put back: image by image, the policy then
-    handles each sample as it would have, with the same random draws. (A batch holding a sample the policy
-    excludes never comes here: ``__getitems__`` sends it image by image from the start.)"""
-    # The generator the crops draw from without seed=: a thread worker's own, else torch's global one.
-    drawn_from = torch.random.thread_safe_generator()
-    state = None
-    if pipeline.errors is not None:
-        state = torch.get_rng_state() if drawn_from is None else drawn_from.get_state()
+    rare) and given up at its first failure, the random state put back (of the generator the plans draw from: a
+    thread worker's own, else torch's global one): image by image, the policy then handles each sample as it would
+    have, with the same random draws. (A batch holding a sample the policy excludes never comes here:
+    ``__getitems__`` sends it image by image from the start.)"""
+    generator = torch.random.thread_safe_generator()  # what the crop plans draw from (a thread worker's own)
+    state = None if pipeline.errors is None else (generator or torch.default_generator).get_state()
     try:
         decode_batch(pipeline.source, cast(FusedTransform, pipeline.fused), indices, pixels, pipeline.decode_threads)
         return [pipeline.label(index) for index in indices]
     except Exception:  # a bad sample's, whatever it raised: under a policy, the policy decides image by image
         if state is None:
             raise
-        if drawn_from is None:
-            torch.set_rng_state(state)
-        else:
-            drawn_from.set_state(state)
+        (generator or torch.default_generator).set_state(state)
         return None
 
 
@@ -76,7 +71,7 @@ def decode_batch(
                 read_digests.record(index, blobs[-1])  # the ledger's digest (off unless ledger=)
         end = start + len(blobs)
         keys = [source.key(index) for index in indices[start:end]]  # for errors; a fraction of a µs each
-        generators = _generators(indices, start) if seeded else _thread_generator()
+        generators = _generators(indices, start) if seeded else None
         with timed("decode"):
             fused.decode_batch(blobs, pixels[start:end], keys.__getitem__, decode_threads(threads), generators)
         start = end
@@ -85,10 +80,3 @@ def decode_batch(
 def _generators(indices: Sequence[int], start: int) -> Any:
     """Image ``slot`` of the call starting at ``start``: the generator its sample draws from (seed=)."""
     return lambda slot: sample_seeds.generator(indices[start + slot])
-
-
-def _thread_generator() -> Any:
-    """Without ``seed=``: every image of a thread worker's batch draws from the thread's generator (as a worker
-    process's draw from its global one); None elsewhere (torch's global generator)."""
-    own = torch.random.thread_safe_generator()
-    return None if own is None else (lambda slot: own)

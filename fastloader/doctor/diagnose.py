@@ -6,6 +6,9 @@ while a sampling thread records each usable core's use, the memory of the traini
 workers, and the GPU's use (NVML, when CUDA and ``pynvml`` are present). The loader's own stage
 clock gives the stages (``loader.stats()``); the verdict comes from ``fastloader.loader.verdict``.
 
+With a real ``step``, it is timed again once the loader is idle (:func:`_step_alone_ms`): a step slower with the
+loader running than alone is the verdict's sign that the loader's work in the training process slows it.
+
 Without a training step the loop only waits, so the grade says nothing; the result then says what
 the loader alone delivers, and how long a step may be before training stops waiting for data.
 """
@@ -17,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 from fastloader import world
@@ -27,6 +31,7 @@ from fastloader.loader.verdict import Setting, judge
 LOADER_ONLY = "loader only (no training step)"
 SAMPLE_S = 0.25  # how often CPU, memory and GPU use are sampled
 BEFORE_S = 0.5  # how long the cores' use by other work is read before the loader starts
+STEP_ALONE_RUNS = 5  # runs of the real training step on a kept batch, the loader idle (the median is taken)
 
 
 class _Sampler(threading.Thread):
@@ -110,11 +115,13 @@ def diagnose(
     sampler.start()
     began = time.perf_counter()
     done = 0
+    kept: Any = None
     try:
         while done < batches and time.perf_counter() - began < seconds:
             for batch in loader:
                 if step is not None:
                     step(batch)
+                    kept = batch
                 elif step_ms:
                     time.sleep(step_ms / 1000)
                 done += 1
@@ -125,12 +132,15 @@ def diagnose(
         bar.close()
         sampler.stop()
     wall = time.perf_counter() - began
+    step_alone_ms = _step_alone_ms(step, kept) if step is not None and kept is not None else None
     stats = loader.stats()
     per_core_mean = _per_core_mean(sampler.cpu)
     busy = mean(per_core_mean)
     if small_files is None:
         small_files = type(getattr(loader.dataset, "source", None)).__name__ in ("FolderSource", "FileListSource")
-    setting = doctor_setting(loader, stats, busy / 100 if busy is not None else None, small_files, busy_before)
+    setting = doctor_setting(
+        loader, stats, busy / 100 if busy is not None else None, small_files, busy_before, step_alone_ms
+    )
     verdict = judge(stats, setting).to_dict()
     if step is None and not step_ms:
         verdict["level"] = LOADER_ONLY
@@ -166,6 +176,7 @@ def doctor_setting(
     cores_busy: float | None,
     small_files: bool,
     busy_before: float | None,
+    step_alone_ms: float | None = None,
 ) -> Setting:
     """What the verdict weighs, from this run's own measurement (``loader.stats()``): the workers it ran, and
     whether num_workers='auto' chose them by its trials."""
@@ -178,7 +189,20 @@ def doctor_setting(
         small_files=small_files,
         measured_workers=measured_by_auto(stats.get("autotune")),
         busy_before=busy_before,
+        worker_method=str(getattr(loader, "worker_method", "process")),
+        step_alone_ms=step_alone_ms,
     )
+
+
+def _step_alone_ms(step: Callable[[Any], None], batch: Any, runs: int = STEP_ALONE_RUNS) -> float:
+    """The median time (ms) of ``step(batch)`` once the loader is idle (its epoch over or broken off): what the
+    stage clock's step time is compared with, to see whether the loader slows the step."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        step(batch)
+        times.append(1000 * (time.perf_counter() - start))
+    return float(median(times))
 
 
 def measured_by_auto(autotune: dict[str, Any] | None) -> bool:

@@ -238,12 +238,17 @@ class _Attached:
 
 
 _ATTACHED: dict[int, _Attached] = {}
+_ATTACHING = threading.Lock()  # the subprocess pipeline's worker threads attach at once
 
 
 def attach(handle: RingHandle) -> None:
     """Map ``handle``'s ring in this process (once per ring); the loader's WorkerStart calls it in each worker."""
-    if _attached(handle.ring) is not None:
-        return
+    with _ATTACHING:
+        if _attached(handle.ring) is None:
+            _map(handle)
+
+
+def _map(handle: RingHandle) -> None:
     mapping = mmap.mmap(handle.fd, handle.slots * handle.slot_bytes)
     if handle.own_fd:
         os.close(handle.fd)  # the mapping keeps its own

@@ -113,12 +113,15 @@ class DataLoaderX(DataLoader[T_co]):
             ``"thread"``, threads of the training process, with torch's thread-worker semantics
             (``get_worker_info()`` per thread, ``worker_method="thread"``, its ``rng`` for
             ``torch.random.thread_safe_generator()``); ``multiprocessing_context`` must then be None. A thread
-            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process. ``"ray"``,
-            ``num_workers`` Ray actors placed across the Ray cluster this process is connected to (``ray.init``
-            by you, else ``address="auto"``), each making whole batches, every sample exactly once and in order,
-            with the state of ``"process"`` (``pip install fastloader[ray]``); a
-            :class:`~fastloader.loader.RayWorkers` to set where and how. See ``fastloader.loader.workers`` and
-            the guide, "Batches from other machines".
+            cannot survive a crash of its sample (SIGKILL, segfault): it is the training process.
+            ``"subprocess"``: those threads, the collate and the batch ring's writes in one child process
+            (started by ``multiprocessing_context``, default ``"forkserver"``); only finished batches cross into
+            the training process, for launch-bound GPU training. A killed child raises
+            ``fastloader.errors.PipelineLost``. ``"ray"``: ``num_workers`` Ray actors placed across the Ray
+            cluster this process is connected to (``ray.init`` by you, else ``address="auto"``), each making whole
+            batches, every sample exactly once and in order, with the state of ``"process"``
+            (``pip install fastloader[ray]``); a :class:`~fastloader.loader.RayWorkers` to set where and how. See
+            ``fastloader.loader.workers`` and the guide, "Batches from other machines".
 
     Epochs advance by themselves: each ``iter()`` after the first calls ``set_epoch(previous + 1)``
     unless ``set_epoch`` was called since the last ``iter()`` (an explicit epoch wins).

@@ -54,7 +54,7 @@ class LoaderPlan:
     ledger: str | None = None  # where each rank's training loop's deliveries are recorded (ledger_writer.py)
     stage_clock: bool = True  # time each stage of each batch (off only to measure the clock's cost)
     batch_ring: bool = True  # reuse batch buffers (fastloader.image.batch_ring; off only to measure the ring)
-    worker_method: str = "process"  # where the workers run: "process", "thread" or "ray" (fastloader.loader.workers)
+    worker_method: str = "process"  # where: "process", "thread", "subprocess" or "ray" (fastloader.loader.workers)
 
     @property
     def threads(self) -> bool:

@@ -29,6 +29,7 @@ from fastloader.loader.worker_state import (
     WorkerStart,
     restore_dataset,
 )
+from fastloader.loader.workers.subprocess import PipelineWatch, SubprocessBackend
 from fastloader.loader.workers.thread import ThreadBackend
 from fastloader.torch_internals import (
     LoaderView,
@@ -59,7 +60,8 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
         raise RuntimeError("DataLoaderX._get_iterator runs inside DataLoaderX.__iter__ only")
     plan = progress.plan
     workers = loader.num_workers > 0
-    threads = workers and loader._plan.threads  # thread workers: one process, ordinary memory, nothing to restart
+    method = loader._plan.worker_method if workers else "process"
+    threads = method == "thread"  # thread workers: one process, ordinary memory, nothing to restart
     init_fn = loader.worker_init_fn
     stack_dir = loader._runtime.stack_dir
     if stack_dir is not None and workers and not threads:
@@ -67,11 +69,16 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     # the batch ring is made before the workers start: they map it (fastloader.image.batch_ring)
     ring = ring_dispatch(loader) if not threads else None
     handle = ring.ring.handle() if ring is not None and workers else None
-    policy = restart_policy(loader) if not threads else None  # dead workers restarted (worker_restart.py)
+    # dead workers restarted (worker_restart.py): worker processes only, each a process of its own
+    policy = restart_policy(loader) if method == "process" else None
     marks = FetchMarks(loader.num_workers) if policy is not None else None
     # each worker's result pipe (fastloader.loader.result_pipes): made before the workers start, they inherit them
     pipes = [result_pipe() for _ in range(loader.num_workers)] if policy is not None and workers else []
-    overrides: dict[str, Any] = {"multiprocessing_context": ThreadBackend()} if threads else {}
+    overrides: dict[str, Any] = {}
+    if threads:
+        overrides["multiprocessing_context"] = ThreadBackend()
+    elif method == "subprocess":  # one child for every worker, started as multiprocessing_context says
+        overrides["multiprocessing_context"] = SubprocessBackend(loader.multiprocessing_context)
     if progress.base_draw_aside:  # the loader's generator is at the sampler's draw (ResumeCursor.begin)
         overrides["generator"] = torch.Generator()
     view = LoaderView(
@@ -92,12 +99,14 @@ def make_iterator(loader: DataLoaderX[Any]) -> Any:
     if workers:
         loader.check_worker_number_rationality()
         # A persistent iterator outlives this epoch: it asks the cursor at each epoch's start.
-        recovery = None
+        recovery: Any = None
         if policy is not None and marks is not None:
             readers = [reader for reader, _writer in pipes]
             recovery = functools.partial(
                 WorkerRestarts, policy=policy, dataset=loader.dataset, marks=marks, readers=readers
             )
+        elif method == "subprocess":
+            recovery = PipelineWatch  # its child's death is an error naming the mode, seen while waiting
         return MultiProcessIterStartingAt(view, functools.partial(_next_worker, cursor), events=ring, recovery=recovery)
     return _single_process(loader, view, progress)
 

@@ -9,6 +9,11 @@ the rest of the dataset, collate) run in parallel on ``min(num_workers, usable c
 while the hand-off, pinning and the copy run one batch at a time in the main process. The side with
 the lower images/s capacity is the limit; its slowest stage is named, with one next step drawn from
 the figures.
+
+Besides the wait, the step: a training step that is slower with the loader running than alone (the doctor times
+it both ways; ``step_alone_ms``) is slowed by the loader's work in the training process (its threads, the
+hand-off), which competes with the step's launches for the interpreter and the cores. The next step then is
+``worker_method="subprocess"``, which leaves the training process only the taking of finished batches.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ BUSY = 0.85  # mean use of the usable cores above which "every core is busy"
 # Mean use of the usable cores by other work, before the loader ran, above which its figures (and
 # num_workers='auto''s trials) say more about the neighbours than about the pipeline.
 NOISY = 0.25
+SLOWED = 1.10  # the step with the loader running over the step alone, above which the loader slows the step
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,9 @@ class Setting:
     # mean use of the usable cores, 0..1, just before the loader started (other processes' work): the doctor's
     # measure of how far its figures can be trusted; None: not measured
     busy_before: float | None = None
+    worker_method: str = "process"  # where the workers ran (DataLoaderX's worker_method)
+    # the training step's time (ms) measured alone, with the loader idle (the doctor's real step); None: unknown
+    step_alone_ms: float | None = None
 
 
 @dataclass
@@ -89,20 +98,40 @@ def judge(summary: Mapping[str, Any], setting: Setting) -> Verdict:
     bottleneck = max(side, key=lambda s: cost[s]) if any(cost[s] > 0 for s in side) else None
     share = f"{100 * wait:.0f}%" if wait is not None else "an unknown share"
     caution = _caution(setting)
+    slowed = _step_slowed(stages, setting)
     if level == NOT_BOUND:
+        keeps_up = ["nothing to do on the input side: the loader keeps up"] if wait is not None else []
         return Verdict(
             level,
             wait,
             "step" if wait is not None else bottleneck,
             f"not input-bound: the training loop waits {share} of its time; the step is the limit",
-            (["nothing to do on the input side: the loader keeps up"] if wait is not None else []) + caution,
+            (slowed or keeps_up) + caution,
             capacity,
         )
     where = "in the main process" if bottleneck in MAIN_STAGES else "in the workers"
     text = f"{level}: the training loop waits {share} of its time"
     if bottleneck is not None:
         text += f"; {bottleneck} is the slowest stage ({cost[bottleneck]:.2f} ms/image {where})"
-    return Verdict(level, wait, bottleneck, text, _advice(bottleneck, setting) + caution, capacity)
+    return Verdict(level, wait, bottleneck, text, _advice(bottleneck, setting) + slowed + caution, capacity)
+
+
+def _step_slowed(stages: Mapping[str, Any], setting: Setting) -> list[str]:
+    """The subprocess pipeline, when the step (its median per batch, as the stage clock saw it) was more than
+    :data:`SLOWED` times its time alone, and the loader's work ran in the training process."""
+    alone = setting.step_alone_ms
+    per_batch = (stages.get("step") or {}).get("per_batch_ms") or {}
+    running = per_batch.get("p50")
+    if not alone or running is None or setting.num_workers == 0 or setting.worker_method == "subprocess":
+        return []
+    if running <= SLOWED * alone:
+        return []
+    return [
+        f"the training step takes {running / alone:.2f}x as long with the loader running ({running:.1f} ms) as"
+        f" alone ({alone:.1f} ms): the loader's work in the training process competes with it;"
+        " worker_method='subprocess' runs the whole pipeline in one child process, and only finished batches"
+        " cross"
+    ]
 
 
 def _caution(setting: Setting) -> list[str]:

@@ -340,6 +340,8 @@ class WorkerStart:
         # this function returns (and again each epoch with persistent workers).
         install_fetcher_factory(agent.create_fetcher)
         if thread:
+            if self.ring is not None:  # the subprocess pipeline's threads write the ring's slots
+                attach(self.ring)
             if self.inner is not None:
                 self.inner(worker_id)
             return

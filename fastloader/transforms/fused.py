@@ -98,7 +98,11 @@ class FusedTransform:
         return "; ".join(repr(step) for step in self.steps)
 
     def plan(self, width: int, height: int, generator: torch.Generator | None = None) -> CropPlan:
-        """Draw the crop plan of the fused steps for a ``width`` x ``height`` source image."""
+        """Draw the crop plan of the fused steps for a ``width`` x ``height`` source image; by default from the
+        worker's generator: a thread worker's own (``torch.random.thread_safe_generator()``, the same draws as a
+        worker process's global one), else the global one."""
+        if generator is None:
+            generator = torch.random.thread_safe_generator()
         frame = Frame(width, height)
         for step in self.steps:
             frame = step._fold(frame, generator)
@@ -344,7 +348,11 @@ class RandomHorizontalFlip(FusedTransform):
 
     def _apply(self, image: Any) -> Any:
         functional, _ = _torchvision("bilinear")
-        return functional.hflip(image) if torch.rand(1).item() < self.p else image
+        return (
+            functional.hflip(image)
+            if torch.rand(1, generator=torch.random.thread_safe_generator()).item() < self.p
+            else image
+        )
 
     def _size_after(self, size: Size | None) -> Size | None:
         return size

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,20 @@ def test_the_doctors_advice_follows_what_auto_measured_in_the_same_run() -> None
     assert not any("num_workers=2" in advice for advice in measured.advice), measured.advice
     assert "num_workers='auto' measured that more than 1 worker do not pay" in measured.advice[0]
     assert "num_workers=2" in by_hand.advice[0], by_hand.advice
+
+
+def _loader_threads() -> int:
+    return sum(thread.name.startswith("fastloader-worker-") for thread in threading.enumerate())
+
+
+def test_a_step_slowed_while_the_loader_runs_names_the_subprocess_pipeline() -> None:
+    """A real step that costs 30 ms while thread workers run in this process and 5 ms once they are gone (the
+    loader's share of the training process, made plain): the doctor times the step alone after the run and
+    names worker_method="subprocess"."""
+
+    def step(batch: Any) -> None:
+        time.sleep(0.03 if _loader_threads() else 0.005)
+
+    loader = DataLoaderX(dataset(None), batch_size=8, num_workers=2, worker_method="thread")
+    result = diagnose(loader, batches=8, step=step)
+    assert any("worker_method='subprocess'" in line for line in result["verdict"]["advice"]), result["verdict"]

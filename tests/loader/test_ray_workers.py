@@ -76,7 +76,7 @@ def test_plain_import_never_imports_ray() -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"worker_method": "threads"}, "worker_method must be one of 'process', 'thread', 'ray' or a RayWorkers"),
+        ({"worker_method": "threads"}, "worker_method must be one of 'process', 'thread', 'subprocess', 'ray'"),
         ({"worker_method": "ray"}, "worker_method='ray' needs num_workers >= 1"),
         ({"worker_method": "ray", "num_workers": "auto"}, "worker_method='ray' needs num_workers >= 1"),
         ({"worker_method": "ray", "num_workers": 1, "batch_size": None}, "batch_size=None"),

@@ -289,7 +289,8 @@ def test_timeout_raises_as_torch() -> None:
 
 def test_the_arguments_are_checked() -> None:
     with pytest.raises(
-        ValueError, match="worker_method must be one of 'process', 'thread', 'ray' or a RayWorkers, got 'threads'"
+        ValueError,
+        match="worker_method must be one of 'process', 'thread', 'subprocess', 'ray' or a RayWorkers, got 'threads'",
     ):
         DataLoaderX(Numbers(), worker_method="threads")
     with pytest.raises(ValueError, match="multiprocessing_context has no use with worker_method='thread'"):

@@ -92,3 +92,34 @@ def test_a_busy_machine_is_said_with_the_advice_a_quiet_one_is_not(wait: float) 
     assert busy.advice[-1].startswith("the machine was busy with other work (60% of the usable cores before the run)")
     assert "num_workers='auto''s choice among them" in busy.advice[-1]
     assert not any("busy with other work" in advice for advice in quiet.advice), quiet.advice
+
+
+def _with_step(wait: float, step_p50_ms: float, **per_image_ms: float) -> dict[str, Any]:
+    figures = summary(wait, **per_image_ms)
+    figures["stages"]["step"] = {"per_image_ms": step_p50_ms / 32, "per_batch_ms": {"p50": step_p50_ms}}
+    return figures
+
+
+@pytest.mark.parametrize("wait", [0.01, 0.3])
+def test_a_step_slowed_by_the_loader_names_the_subprocess_pipeline(wait: float) -> None:
+    """The stage clock saw a 13 ms step where the step alone takes 10 ms: the loader's work in the training
+    process slows it, whether or not the loop also waits for data."""
+    setting = Setting(4, 4, worker_method="thread", step_alone_ms=10.0)
+    verdict = judge(_with_step(wait, 13.0, decode=1.0), setting)
+    assert any("worker_method='subprocess'" in line and "1.30x" in line for line in verdict.advice)
+    if wait < 0.05:
+        assert not any("keeps up" in line for line in verdict.advice)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        Setting(4, 4, step_alone_ms=12.5),  # the step is as fast with the loader: 13 ms is within 10%
+        Setting(4, 4, worker_method="subprocess", step_alone_ms=10.0),  # already there
+        Setting(0, 4, step_alone_ms=10.0),  # no workers: the dataset runs in the loop itself
+        Setting(4, 4),  # the step alone was not measured
+    ],
+)
+def test_no_subprocess_advice_without_the_sign(setting: Setting) -> None:
+    verdict = judge(_with_step(0.01, 13.0, decode=1.0), setting)
+    assert not any("subprocess" in line for line in verdict.advice)

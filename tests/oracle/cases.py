@@ -6,15 +6,15 @@ worker once or every time), the order (sequential, ``shuffle=True`` with the glo
 ``seed=``, WeightedRandomSampler, DistributedSampler, a sampler of numpy integers, a batch sampler of tuples
 or arrays), ``batch_size``, ``drop_last``, ``num_workers`` 0-3, ``persistent_workers``, ``in_order``,
 ``prefetch_factor``, the error policy, the decoded cache, ``exact_decode``, the loop (plain, ``set_epoch``,
-epochs cut short), a worker SIGKILLed while idle or while blocked writing its result, a resume at a random
-batch of a random epoch, loaded in a fresh loader with another ``batch_size`` or ``num_workers``, or on another
-number of ranks (``ranks`` → ``resume_ranks``: simulated ranks in one process, each its own loader over the
-split of its rank), and ``worker_method`` ("process", "thread" or "ray", for the run and, independently, for the
-resumed loader: a state moves between the modes; "ray": actors that answer in any order and die now and then,
-inside this process, tests/oracle/fake_ray.py). Thread workers are not drawn with a sample or a signal that
-kills a worker: that would kill the test's process. Over the images: ``confine`` (reads confined to the
-folder's root) and ``outside_link`` (the folder holds a symbolic link, alone in its class, to an image outside
-the root).
+epochs cut short), a worker SIGKILLed while idle or while blocked writing its result, a resume at a random batch of a
+random epoch, loaded in a fresh loader with another ``batch_size`` or ``num_workers``, or on another number of ranks
+(``ranks`` → ``resume_ranks``: simulated ranks in one process, each its own loader over the split of its rank), and
+``worker_method`` ("process", "thread", "subprocess" or "ray", for the run and, independently, for the resumed loader:
+a state moves between the modes; "ray": actors that answer in any order and die now and then, inside this process,
+tests/oracle/fake_ray.py). Thread workers and the subprocess pipeline are not drawn with a sample or a signal that
+kills a worker: that would kill the test's process, or every worker of the pipeline at once. Over the images:
+``confine`` (reads confined to the folder's root) and ``outside_link`` (the folder holds a symbolic link, alone in its
+class, to an image outside the root).
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ RESTARTS = ("killer_once", "killer_always", "images")  # datasets whose error po
 # Orders whose resume DataLoaderX refuses (nothing records a user sampler's position): the oracle checks the
 # refusal is a ValueError that says so, never a wrong epoch.
 UNRESUMABLE = ("numpy", "tuples", "arrays")
+
+
+def _worker_method(rng: random.Random, workers: int, killers: bool) -> str:
+    """One draw: threads, the subprocess pipeline or worker processes (never without workers, nor where a sample
+    or a signal kills a worker: a thread's death is the test's process's, the pipeline's is all its workers')."""
+    if workers == 0 or killers:
+        return "process"
+    draw = rng.random()
+    return "thread" if draw < 0.4 else "subprocess" if draw < 0.65 else "process"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +133,8 @@ def draw(seed: int) -> Case:
         resume_batch_size = batch_size
     # Drawn last: the axes above draw what they drew before this one existed.
     killers = dataset in ("killer_once", "killer_always") or kill is not None
-    worker_method = "thread" if workers > 0 and not killers and rng.random() < 0.4 else "process"
-    resume_worker_method = "thread" if resume_workers > 0 and not killers and rng.random() < 0.4 else "process"
+    worker_method = _worker_method(rng, workers, killers)
+    resume_worker_method = _worker_method(rng, resume_workers, killers)
     # Cycling with the seed, as the dataset does: the fixed seeds see each pair. Skipped from a batch of one,
     # the link would leave no batch there: not the reference's count of batches.
     turn = seed // len(DATASETS)

@@ -18,11 +18,11 @@ where it is exact (every case but these); otherwise a small specification of the
   run without that sample, with ``"replace"`` with the sample after it (the folder's first) in its place
   (labels only: the refused sample makes no random draws), with ``"raise"`` an ``OutsideRoot`` naming it;
 * ``in_order=False``: the same samples each epoch, in any order;
-* ``worker_method="thread"``: torch's run (process workers), sample for sample, pixels included: a thread
-  draws from its own generators (``get_worker_info().rng``; fastloader's transforms from its
-  ``thread_safe_generator()``), seeded as a worker process's globals;
+* ``worker_method="thread"`` and ``"subprocess"`` (thread workers in one child process): torch's run (process
+  workers), sample for sample: a thread draws from its own generators (``get_worker_info().rng``, which
+  fastloader's random transforms draw from too), seeded as a worker process's globals;
 * ``worker_method="ray"`` (actors inside this process, tests/oracle/fake_ray.py, answering in any order and dying
-  now and then): torch's run, keys only (the actors seed the samples' draws per batch, not per worker);
+  now and then): torch's run, keys only (without `seed=` the actors seed the draws per batch, not per worker);
 * a resume (the state at a random batch of a random epoch, through JSON, loaded in a fresh loader made after
   another global seed, with another ``batch_size`` or ``num_workers`` where that is exact): the uninterrupted
   run's rest, sample for sample (with ``num_workers=0`` the dataset draws from the training process's own
@@ -270,7 +270,7 @@ def test_the_draws_cover_every_axis() -> None:
     assert seen["order"] >= {"sequential", "shuffle", "generator", "seed", "weighted", "distributed"}
     assert seen["order"] >= {"numpy", "tuples", "arrays"}
     assert seen["workers"] == {0, 1, 2, 3}
-    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread", "ray"}
+    assert seen["worker_method"] == seen["resume_worker_method"] == {"process", "thread", "subprocess", "ray"}
     assert seen["persistent"] == {False, True} and seen["in_order"] == {False, True}
     assert seen["drop_last"] == {False, True} and seen["cache"] == {False, True} and seen["exact"] == {False, True}
     assert seen["policy"] >= {"raise", "skip", "replace"}

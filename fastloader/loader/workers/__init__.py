@@ -17,24 +17,31 @@ made and spoken to. Its interface is the one torch's iterator already speaks to 
   how a worker is (the watchdog names it).
 
 ``threads`` (true for a backend whose workers are this process) tells the iterator no child process exists.
+A backend whose workers share one process (``"subprocess"``) answers for it from each worker: the same
+``pid``, and one death for all; the wait for results then goes through a recovery hook
+(``torch_internals.WorkerRecovery``) that names the lost process instead of torch's message.
+
 The backends: ``"process"``, torch's own processes (``torch.multiprocessing`` or the user's
-``multiprocessing_context``; the default) and ``"thread"``, threads of the training process
-(:mod:`fastloader.loader.workers.thread`). ``"ray"`` (or a :class:`~fastloader.loader.RayWorkers`) replaces
-torch's iterator and its workers altogether: Ray actors make whole batches for leases the training process
-hands out (``lease_book.py``: exactly once, in order; ``ray_workers.py`` the actors' pool and an epoch over it,
-``ray_actor.py`` what runs in an actor, ``ray_options.py`` RayWorkers).
+``multiprocessing_context``; the default), ``"thread"``, threads of the training process
+(:mod:`fastloader.loader.workers.thread`), and ``"subprocess"``, those threads in one child process that owns the
+whole pipeline, only finished batches crossing (:mod:`fastloader.loader.workers.subprocess`). ``"ray"`` (or a
+:class:`~fastloader.loader.RayWorkers`) replaces torch's iterator and its workers altogether: Ray actors make
+whole batches for leases the training process hands out (``lease_book.py``: exactly once, in order;
+``ray_workers.py`` the actors' pool and an epoch over it, ``ray_actor.py`` what runs in an actor,
+``ray_options.py`` RayWorkers).
 """
 
 from __future__ import annotations
 
 from fastloader.loader.workers.ray_options import RayWorkers
 
-WORKER_METHODS = ("process", "thread", "ray")
+WORKER_METHODS = ("process", "thread", "subprocess", "ray")
 
 
 def check_worker_method(worker_method: object, multiprocessing_context: object) -> None:
     """ValueError naming ``worker_method`` unless it is one of :data:`WORKER_METHODS`; thread workers refuse a
-    ``multiprocessing_context`` (they start no process)."""
+    ``multiprocessing_context`` (they start no process); the subprocess pipeline takes it as the way its one
+    process starts."""
     if worker_method not in WORKER_METHODS and not isinstance(worker_method, RayWorkers):
         allowed = ", ".join(repr(method) for method in WORKER_METHODS)
         raise ValueError(f"worker_method must be one of {allowed} or a RayWorkers, got {worker_method!r}")

@@ -125,8 +125,12 @@ def thread_worker_loop(
     num_workers: int,
     persistent_workers: bool,
     shared_seed: int | None,
+    *,
+    where_suffix: str = "",
 ) -> None:
-    """torch's ``_worker_loop`` (same arguments, same messages) for one thread: see the module docstring."""
+    """torch's ``_worker_loop`` (same arguments, same messages) for one thread: see the module docstring.
+    ``where_suffix`` follows "in DataLoader worker thread N" in a re-raised exception (the subprocess pipeline
+    names its process)."""
     parts = thread_worker_parts()
     dataset = copy.copy(dataset_holder.pop())
     shared_rng = None
@@ -134,7 +138,7 @@ def thread_worker_loop(
         shared_rng = torch.Generator()
         shared_rng.manual_seed(shared_seed)
         dataset = parts.apply_random_seed(dataset, shared_rng)
-    where = f"in DataLoader worker thread {worker_id}"
+    where = f"in DataLoader worker thread {worker_id} {where_suffix}".rstrip()
     set_thread_worker(thread_worker_info(worker_id, num_workers, base_seed, dataset))
     try:
         init_exception = None
