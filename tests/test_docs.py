@@ -177,8 +177,12 @@ def test_example_runs(block: Block, example_results: dict[str, dict[str, Any]]) 
 
 def test_the_api_reference_has_a_page_for_every_package_with_a_door() -> None:
     """Each package that exports names in ``__all__`` is documented by an automodule of it."""
+    # torch_internals is the one place that names torch's private parts, for fastloader's own modules: no user
+    # imports it (CONTRIBUTING.md documents it, with the table of which feature needs which name).
     packages = ["fastloader"] + [
-        f"fastloader.{info.name}" for info in pkgutil.iter_modules(fastloader.__path__) if info.ispkg
+        f"fastloader.{info.name}"
+        for info in pkgutil.iter_modules(fastloader.__path__)
+        if info.ispkg and info.name != "torch_internals"
     ]
     api = "\n".join(page.read_text() for page in (DOCS / "api").glob("*.md"))
     missing = [
