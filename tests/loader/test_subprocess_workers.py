@@ -3,7 +3,6 @@ ring's writes) and gives what worker processes give (fastloader.loader.workers.s
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset
 
 from fastloader import DataLoaderX
 from fastloader.datasets import ImageFolder
@@ -22,22 +20,9 @@ from fastloader.errors import PipelineLost
 from tests.helpers import pid_alive, run_python, wait_until
 from tests.images import write_image_folder
 from tests.loader.test_batch_ring import TRAIN, Reference, in_ring, photos
+from tests.loader.worker_datasets import Numbers, Raising, Sharded
 
 MODES = ("process", "thread", "subprocess")
-
-
-class Numbers(Dataset[Any]):
-    """Sample i: i, and a number drawn from the worker's generator (the thread's own in a thread worker)."""
-
-    def __init__(self, size: int = 24) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        drawn = torch.randint(0, 1 << 30, (1,), generator=torch.random.thread_safe_generator())
-        return index, int(drawn)
 
 
 class Where(Numbers):
@@ -45,28 +30,6 @@ class Where(Numbers):
 
     def __getitem__(self, index: int) -> tuple[int, int]:
         return index, os.getpid()
-
-
-class Sharded(IterableDataset[int]):
-    """torch's first sharding example: each worker takes its part in ``__iter__``."""
-
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
-
-    def __iter__(self) -> Any:
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return iter(range(self.start, self.end))
-        per_worker = int(math.ceil((self.end - self.start) / float(info.num_workers)))
-        start = self.start + info.id * per_worker
-        return iter(range(start, min(start + per_worker, self.end)))
-
-
-class Raising(Numbers):
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        if index == 7:
-            raise KeyError(f"sample {index} is broken")
-        return super().__getitem__(index)
 
 
 class SlowAfterFirst(Numbers):

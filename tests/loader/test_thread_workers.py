@@ -22,6 +22,7 @@ from torch.utils.data import get_worker_info as imported_before  # a name bound 
 from fastloader import DataLoaderX
 from fastloader.datasets import ImageFolder
 from tests.images import write_image_folder
+from tests.loader.worker_datasets import Numbers, Raising, Sharded
 
 ALIASES = (
     torch.utils.data.get_worker_info,
@@ -30,20 +31,6 @@ ALIASES = (
     imported_before,
 )
 MAIN = threading.get_ident()
-
-
-class Numbers(Dataset[Any]):
-    """Sample i: i, and a number drawn from the worker's generator (the thread's own in a thread worker)."""
-
-    def __init__(self, size: int = 24) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        drawn = torch.randint(0, 1 << 30, (1,), generator=torch.random.thread_safe_generator())
-        return index, int(drawn)
 
 
 class Recorder(Dataset[Any]):
@@ -133,21 +120,6 @@ def test_no_child_process_is_started() -> None:
     assert sum(thread.name.startswith("fastloader-worker-") for thread in threading.enumerate()) == 2
 
 
-class Sharded(IterableDataset[int]):
-    """torch's first sharding example: each worker takes its part in ``__iter__``."""
-
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
-
-    def __iter__(self) -> Any:
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return iter(range(self.start, self.end))
-        per_worker = int(math.ceil((self.end - self.start) / float(info.num_workers)))
-        start = self.start + info.id * per_worker
-        return iter(range(start, min(start + per_worker, self.end)))
-
-
 def _shard_in_init(worker_id: int) -> None:
     """torch's second sharding example: worker_init_fn sets the range on its copy of the dataset."""
     info = torch.utils.data.get_worker_info()
@@ -212,13 +184,6 @@ def test_persistent_threads_serve_three_epochs() -> None:
         threads.append({t for _, idents in seen for t in idents.tolist()})
     assert sorted(inits) == [0, 1]
     assert threads[0] == threads[1] == threads[2] and len(threads[0]) == 2
-
-
-class Raising(Numbers):
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        if index == 7:
-            raise KeyError(f"sample {index} is broken")
-        return super().__getitem__(index)
 
 
 def test_a_dataset_exception_is_raised_in_the_training_thread_naming_the_worker() -> None:
