@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.utils.data as tud
@@ -299,6 +299,15 @@ def _position(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -
     return {"start": position, "layout": layout}
 
 
+def _epoch_seed(sampler: Any, values: dict[str, Any], position: int) -> int | None:
+    """The recorded seed of the epoch a TorchRandomSampler without a generator draws its order from (None for
+    any other sampler). States before version 3 did not record the seed of an epoch not begun (0): a fresh
+    draw then."""
+    if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
+        return cast(int, values["seed"]) if position > 0 or values["version"] >= 3 else None
+    return None
+
+
 def _replay(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> dict[str, Any]:
     """A torch sampler's iteration rebuilt as it began, its first batches skipped."""
     sampler = loader.sampler
@@ -308,11 +317,12 @@ def _replay(loader: DataLoaderX[Any], values: dict[str, Any], position: int) -> 
             f"the state comes from {values['layout']} ranks, this loader runs on {world}: {_name(sampler)} cannot"
             " re-split an epoch (DataLoaderX's own split, with local_rank= or distributed=True, can)"
         )
-    seed = None
-    if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
-        # states before version 3 did not record the seed of an epoch not begun (0): a fresh draw then
-        seed = values["seed"] if position > 0 or values["version"] >= 3 else None
-    elif isinstance(sampler, _GENERATOR_SAMPLERS) and getattr(sampler, "generator", None) is None:
+    seed = _epoch_seed(sampler, values, position)
+    if (
+        not isinstance(sampler, TorchRandomSampler)
+        and isinstance(sampler, _GENERATOR_SAMPLERS)
+        and getattr(sampler, "generator", None) is None
+    ):
         raise ValueError(
             f"DataLoaderX.load_state_dict cannot resume a {_name(sampler)} without a generator (its order comes"
             " from torch's global RNG when the epoch begins, and nothing records that draw): use shuffle=True on"
@@ -349,9 +359,7 @@ def _replay_batches(loader: DataLoaderX[Any], values: dict[str, Any], position: 
             f"cannot resume this loader mid-epoch exactly: the order of {_name(sampler)} is not known to be"
             " reproducible (pass it a generator=, or use seed= on DataLoaderX)"
         )
-    seed = None
-    if isinstance(sampler, TorchRandomSampler) and sampler.generator is None:
-        seed = values["seed"] if position > 0 or values["version"] >= 3 else None
+    seed = _epoch_seed(sampler, values, position)
     if callable(getattr(sampler, "set_epoch", None)):
         sampler.set_epoch(values["epoch"])
     skip = position // (unit * world)
